@@ -1,0 +1,95 @@
+// Memory meter: where the memory goes, on CPU and CUDA alike.
+//
+// On CPU a counting allocator (installed with install_counting_allocator()) wraps LibTorch's CPU
+// allocator and tracks current and peak bytes of tensor memory, like
+// torch.cuda.max_memory_allocated does on CUDA; it can enforce a byte budget by throwing
+// c10::OutOfMemoryError, so out-of-memory handling is testable without a GPU. On CUDA the caching
+// allocator's own statistics are read. Marks record the numbers at named points
+// ("encode_vae/after load") and print as a per-stage table.
+//
+// This header is torch-free so that any unit may include it cheaply.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace sf::mem {
+
+struct Stats {
+    int64_t current = 0;  // bytes live now
+    int64_t peak = 0;     // most bytes live at once since the last reset_peak()
+};
+
+// Wraps the default CPU allocator with the counting one. Idempotent and thread-safe. Tensors
+// allocated before the call are not counted (their frees are not either).
+void install_counting_allocator();
+bool counting_allocator_installed();
+
+// Counted CPU tensor bytes. Zero until install_counting_allocator() runs.
+Stats cpu_stats();
+// Number of live CPU allocations made through the counting allocator.
+int64_t cpu_live_allocations();
+
+// Byte budget on counted CPU tensor memory: an allocation that would take the current total past
+// `bytes` throws c10::OutOfMemoryError (caught as std::exception or c10::Error). 0 = no budget.
+void set_cpu_budget(int64_t bytes);
+int64_t cpu_budget();
+
+// Sets a budget for the lifetime of the guard and restores the previous one after.
+class BudgetGuard {
+public:
+    explicit BudgetGuard(int64_t bytes) : previous_(cpu_budget()) { set_cpu_budget(bytes); }
+    ~BudgetGuard() { set_cpu_budget(previous_); }
+    BudgetGuard(const BudgetGuard&) = delete;
+    BudgetGuard& operator=(const BudgetGuard&) = delete;
+
+private:
+    int64_t previous_;
+};
+
+// CUDA caching-allocator statistics for `device`; zeros when built without CUDA or no GPU.
+Stats cuda_stats(int device = 0);
+bool cuda_available();
+// Returns cached blocks to the driver. A no-op without CUDA.
+void cuda_empty_cache();
+
+// Resets the peaks of the CPU counter, the CUDA allocator and (where the kernel allows) the
+// process's peak resident set, so that the next peak belongs to the next phase.
+void reset_peak();
+
+// Resident set size of the process, from /proc/self/status (VmRSS, VmHWM).
+int64_t rss_bytes();
+int64_t peak_rss_bytes();
+
+struct Mark {
+    std::string stage;
+    std::string point;
+    double seconds = 0;  // since the process started
+    Stats cpu;
+    Stats cuda;
+    int64_t rss = 0;
+    int64_t peak_rss = 0;
+};
+
+// A thread-safe list of marks. `mark()` also logs one line when logging is on.
+class MemoryLog {
+public:
+    Mark mark(const std::string& stage, const std::string& point);
+    std::vector<Mark> marks() const;
+    void clear();
+    // One row per mark: stage, point, tensor current/peak, cuda current/peak, rss, peak rss.
+    std::string table() const;
+    void set_verbose(bool verbose) { verbose_ = verbose; }
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<Mark> marks_;
+    bool verbose_ = true;
+};
+
+// The process-wide log that stages write to.
+MemoryLog& memory_log();
+
+}  // namespace sf::mem
