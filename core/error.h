@@ -34,6 +34,18 @@ private:
     ErrorCode code_;
 };
 
+// A bad input item (corrupt image, caption missing, too small): thrown by a stage for one item;
+// the graph records the item's reason in the reject list, counts it and goes on. Any other
+// exception escaping a stage is fatal and cancels the run.
+class Reject : public Error {
+public:
+    explicit Reject(const std::string& reason) : Error(ErrorCode::kInvalidArgument, reason), reason_(reason) {}
+    const std::string& reason() const { return reason_; }
+
+private:
+    std::string reason_;
+};
+
 inline const char* error_code_name(ErrorCode code) {
     switch (code) {
         case ErrorCode::kInvalidArgument: return "invalid argument";
