@@ -1,0 +1,146 @@
+// The memory meter: exact byte counts, peaks, the byte budget in forward and backward.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/log.h"
+#include "core/memory.h"
+
+namespace {
+
+using sf::mem::cpu_stats;
+
+TEST(MemoryMeter, CountsExactBytesOfKnownAllocations) {
+    ASSERT_TRUE(sf::mem::counting_allocator_installed());
+    const int64_t before = cpu_stats().current;
+    const int64_t live_before = sf::mem::cpu_live_allocations();
+    {
+        auto a = torch::empty({1000}, torch::kFloat32);         // 4000 bytes
+        auto b = torch::empty({10, 10}, torch::kFloat64);       // 800 bytes
+        auto c = torch::empty({3, 7}, torch::kBFloat16);        // 42 bytes
+        EXPECT_EQ(cpu_stats().current - before, 4000 + 800 + 42);
+        EXPECT_EQ(sf::mem::cpu_live_allocations() - live_before, 3);
+        auto view = a.slice(0, 0, 10);  // a view allocates nothing
+        EXPECT_EQ(cpu_stats().current - before, 4842);
+    }
+    EXPECT_EQ(cpu_stats().current, before);
+    EXPECT_EQ(sf::mem::cpu_live_allocations(), live_before);
+}
+
+TEST(MemoryMeter, PeakTracksHighWaterMarkAndResets) {
+    sf::mem::reset_peak();
+    const int64_t base = cpu_stats().current;
+    {
+        auto big = torch::empty({1 << 20}, torch::kUInt8);  // 1 MiB
+    }
+    auto small = torch::empty({1024}, torch::kUInt8);
+    EXPECT_EQ(cpu_stats().peak - base, 1 << 20);
+    sf::mem::reset_peak();
+    EXPECT_EQ(cpu_stats().peak, cpu_stats().current);
+}
+
+TEST(MemoryMeter, CountsAutogradSavedTensors) {
+    auto w = torch::randn({256, 256}, torch::requires_grad());
+    auto x = torch::randn({64, 256});
+    const int64_t before = cpu_stats().current;
+    auto y = torch::relu(torch::mm(x, w));  // saves x (already live) and relu's output
+    // y itself is 64*256*4 bytes; the mm result is freed or kept by relu's saved output.
+    EXPECT_GE(cpu_stats().current - before, 64 * 256 * 4);
+    y.sum().backward();
+    EXPECT_TRUE(w.grad().defined());
+}
+
+// One forward-backward step of a small MLP; returns the loss.
+float train_step(torch::nn::Sequential& net, const torch::Tensor& x) {
+    net->zero_grad();
+    auto loss = net->forward(x).pow(2).mean();
+    loss.backward();
+    return loss.item<float>();
+}
+
+TEST(MemoryMeter, BudgetThrowsInForwardAndRetrySucceeds) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
+    auto x = torch::randn({256, 512});
+    const int64_t base = cpu_stats().current;
+    const int64_t live = sf::mem::cpu_live_allocations();
+    {
+        sf::mem::BudgetGuard budget(base + 1024 * 1024);  // the 256x2048 activation alone is 2 MiB
+        EXPECT_THROW(train_step(net, x), c10::OutOfMemoryError);
+    }
+    // Nothing the failed step allocated is still held.
+    EXPECT_EQ(cpu_stats().current, base);
+    EXPECT_EQ(sf::mem::cpu_live_allocations(), live);
+    EXPECT_TRUE(std::isfinite(train_step(net, x)));
+}
+
+TEST(MemoryMeter, BudgetThrowsInBackward) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
+    auto x = torch::randn({256, 512});
+    train_step(net, x);  // gradients exist now, so the measured step allocates no new .grad
+    net->zero_grad();
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+
+    // Measure what forward alone needs, then allow that plus a little: backward must fail.
+    sf::mem::reset_peak();
+    const int64_t base = cpu_stats().current;
+    auto loss = net->forward(x).pow(2).mean();
+    const int64_t after_forward_peak = cpu_stats().peak;
+    bool threw = false;
+    {
+        sf::mem::BudgetGuard budget(after_forward_peak + 4096);
+        try {
+            loss.backward();
+        } catch (const c10::OutOfMemoryError& e) {
+            threw = true;
+            EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos);
+        }
+    }
+    EXPECT_TRUE(threw);
+    loss = torch::Tensor();
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    EXPECT_EQ(cpu_stats().current, base);
+    EXPECT_TRUE(std::isfinite(train_step(net, x)));
+}
+
+TEST(MemoryMeter, BFloat16OpsWorkThroughCountingAllocator) {
+    // oneDNN's bf16 kernels assert that a DataPtr's context equals its data pointer.
+    auto a = torch::randn({64, 64}).to(torch::kBFloat16);
+    auto b = torch::randn({64, 64}).to(torch::kBFloat16);
+    auto c = torch::mm(a, b);
+    EXPECT_EQ(c.scalar_type(), torch::kBFloat16);
+    auto ref = torch::mm(a.to(torch::kFloat32), b.to(torch::kFloat32));
+    EXPECT_TRUE(torch::allclose(c.to(torch::kFloat32), ref, 0.05, 0.5));
+}
+
+TEST(MemoryMeter, MarksCollectIntoATable) {
+    sf::mem::MemoryLog log;
+    log.set_verbose(false);
+    auto t = torch::empty({1 << 18}, torch::kFloat32);  // 1 MiB
+    auto m = log.mark("encode_vae", "after load");
+    EXPECT_GE(m.cpu.current, 1 << 20);
+    EXPECT_GT(m.rss, 0);
+    EXPECT_GE(m.peak_rss, m.rss);
+    log.mark("encode_vae", "after free");
+    ASSERT_EQ(log.marks().size(), 2u);
+    const std::string table = log.table();
+    EXPECT_NE(table.find("after load"), std::string::npos);
+    EXPECT_NE(table.find("encode_vae"), std::string::npos);
+}
+
+TEST(MemoryMeter, PeakRssRisesWithTouchedMemory) {
+    sf::mem::reset_peak();
+    const int64_t before = sf::mem::peak_rss_bytes();
+    {
+        auto t = torch::ones({64 << 20}, torch::kUInt8);  // 64 MiB, touched
+    }
+    EXPECT_GE(sf::mem::peak_rss_bytes() - before, 48 << 20);
+}
+
+TEST(FormatBytes, HumanUnits) {
+    EXPECT_EQ(sf::format_bytes(512), "512 B");
+    EXPECT_EQ(sf::format_bytes(1536), "1.50 KiB");
+    EXPECT_EQ(sf::format_bytes(3LL << 30), "3.00 GiB");
+}
+
+}  // namespace
