@@ -1,0 +1,64 @@
+// decode_image: one image file -> one normalized RGB tensor in Sana's closest aspect bucket.
+//
+//   bytes -> header check (format, declared size, truncation; nothing decoded yet)
+//         -> OpenCV decode, every channel layout and depth to 8-bit BGR (alpha on white)
+//         -> EXIF orientation -> closest bucket -> cover resize -> center crop
+//         -> [3, H, W] RGB tensor, float32 in [-1, 1]
+//
+// A bad image throws sf::Reject("<name>: <reason>"); the graph records it and goes on. The
+// stage is a plain class with no mutable state: run() may be called from many threads at once.
+// OpenCV's own thread pool is process-wide; a pipeline that runs several decoders in parallel
+// should call cv::setNumThreads(0) once, or the two levels of threads fight over the cores.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sf {
+
+struct DecodeImageConfig {
+    // Selects the bucket table: 512, 1024, 2048 or 4096.
+    int resolution = 1024;
+    // Images whose shorter side is smaller are rejected: upscaling them would teach blur.
+    int min_side = 256;
+    // Declared width x height above this is rejected before decoding. PIL's default
+    // decompression-bomb error threshold (2 x 89478485): a 179-megapixel image is ~540 MB as
+    // 8-bit RGB, already more than any bucket needs.
+    int64_t max_pixels = 178956970;
+    // Files larger than this are rejected before being read into memory.
+    int64_t max_file_bytes = int64_t{1} << 30;
+    // uint8 [0, 255] pixels instead of float32 [-1, 1]: a quarter of the memory in flight when
+    // the consumer (the VAE stage) normalizes on the device anyway.
+    bool output_uint8 = false;
+};
+
+struct DecodedImage {
+    at::Tensor pixels;         // [3, bucket_h, bucket_w], RGB, contiguous, CPU
+    int bucket_h = 0;
+    int bucket_w = 0;
+    std::string bucket_ratio;  // the table key, e.g. "0.57"
+    int orig_h = 0;            // the image as displayed: after EXIF orientation
+    int orig_w = 0;
+};
+
+class DecodeImageStage {
+public:
+    // Throws sf::Error kInvalidArgument naming the bad field.
+    explicit DecodeImageStage(DecodeImageConfig config);
+
+    DecodedImage run(const std::string& path) const;
+    // `bytes` is the whole file; `name_for_errors` prefixes every reject reason.
+    DecodedImage run_bytes(const std::string& bytes, const std::string& name_for_errors) const;
+
+    const DecodeImageConfig& config() const { return config_; }
+    // Changes whenever the output for the same input would: the bucket table, the resampling,
+    // the output type. min_side and the limits only decide what is rejected and are left out.
+    std::string fingerprint() const;
+
+private:
+    DecodeImageConfig config_;
+};
+
+}  // namespace sf

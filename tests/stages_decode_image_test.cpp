@@ -1,0 +1,327 @@
+// decode_image: every format and pixel layout to an RGB tensor in the right bucket; every bad
+// input rejected with its reason, and a header bomb rejected before anything is allocated.
+#if defined(SANAFLOW_WITH_MEDIA)
+
+#include "stages/decode_image.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "stages/aspect_buckets.h"
+#include "tests/stages_test_util.h"
+
+namespace sf {
+namespace {
+
+std::string encode(const std::string& ext, const cv::Mat& image, std::vector<int> params = {}) {
+    std::vector<uchar> buffer;
+    EXPECT_TRUE(cv::imencode(ext, image, buffer, params)) << ext;
+    return {buffer.begin(), buffer.end()};
+}
+
+DecodeImageStage stage(int resolution = 512, int min_side = 16, bool uint8 = false) {
+    DecodeImageConfig config;
+    config.resolution = resolution;
+    config.min_side = min_side;
+    config.output_uint8 = uint8;
+    return DecodeImageStage(config);
+}
+
+// The reason a run_bytes call rejects with, or "" when it does not.
+std::string reject_reason(const DecodeImageStage& s, const std::string& bytes,
+                          const std::string& name = "img") {
+    try {
+        s.run_bytes(bytes, name);
+    } catch (const Reject& r) {
+        return r.reason();
+    }
+    return "";
+}
+
+// Mean of channel c (RGB order) over a [3, H, W] tensor, in [-1, 1].
+double channel_mean(const DecodedImage& d, int c) { return d.pixels[c].mean().item<double>(); }
+
+TEST(DecodeImage, ConfigIsValidatedNamingTheField) {
+    auto message_for = [](DecodeImageConfig c) -> std::string {
+        try {
+            DecodeImageStage s(c);
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+            return e.what();
+        }
+        return "";
+    };
+    DecodeImageConfig c;
+    c.resolution = 768;
+    EXPECT_NE(message_for(c).find("resolution 768"), std::string::npos);
+    c = {};
+    c.min_side = 0;
+    EXPECT_NE(message_for(c).find("min_side"), std::string::npos);
+    c = {};
+    c.max_pixels = -5;
+    EXPECT_NE(message_for(c).find("max_pixels"), std::string::npos);
+    c = {};
+    c.max_file_bytes = int64_t{1} << 40;
+    EXPECT_NE(message_for(c).find("max_file_bytes"), std::string::npos);
+    EXPECT_EQ(message_for(DecodeImageConfig{}), "");
+}
+
+TEST(DecodeImage, SquareImageFillsTheSquareBucketWithFullRange) {
+    // Left half black, right half white: a lossless PNG keeps both ends of the range.
+    cv::Mat image(1024, 1024, CV_8UC3, cv::Scalar(0, 0, 0));
+    image(cv::Rect(512, 0, 512, 1024)).setTo(cv::Scalar(255, 255, 255));
+    const DecodedImage d = stage(1024).run_bytes(encode(".png", image), "square.png");
+    EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 1024, 1024}));
+    EXPECT_EQ(d.pixels.scalar_type(), at::kFloat);
+    EXPECT_TRUE(d.pixels.is_contiguous());
+    EXPECT_EQ(d.bucket_ratio, "1.0");
+    EXPECT_EQ(d.bucket_h, 1024);
+    EXPECT_EQ(d.bucket_w, 1024);
+    EXPECT_EQ(d.pixels.min().item<float>(), -1.0f);
+    EXPECT_EQ(d.pixels.max().item<float>(), 1.0f);
+    EXPECT_EQ(d.pixels[0][0][0].item<float>(), -1.0f);
+    EXPECT_EQ(d.pixels[0][0][1023].item<float>(), 1.0f);
+}
+
+TEST(DecodeImage, PortraitGoesToItsBucketAndShapeEqualsBucket) {
+    cv::Mat image(800, 600, CV_8UC3, cv::Scalar(40, 80, 120));  // 3:4 portrait
+    const DecodedImage d = stage(512).run_bytes(encode(".png", image), "portrait.png");
+    EXPECT_EQ(d.bucket_ratio, "1.29");
+    EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 576, 448}));
+    EXPECT_EQ(d.orig_h, 800);
+    EXPECT_EQ(d.orig_w, 600);
+    // Uniform colour survives resizing exactly; value = x / 127.5 - 1.
+    EXPECT_NEAR(channel_mean(d, 0), 120 / 127.5 - 1, 1e-6);
+    EXPECT_NEAR(channel_mean(d, 2), 40 / 127.5 - 1, 1e-6);
+
+    const DecodedImage wide = stage(1024, 16).run_bytes(
+        encode(".png", cv::Mat(50, 2000, CV_8UC3, cv::Scalar::all(9))), "wide.png");
+    EXPECT_EQ(wide.bucket_ratio, "0.25");
+    EXPECT_EQ(wide.pixels.sizes(), (std::vector<int64_t>{3, 512, 2048}));
+}
+
+TEST(DecodeImage, ChannelsAreRGB) {
+    cv::Mat red(64, 64, CV_8UC3, cv::Scalar(0, 0, 255));  // OpenCV is BGR
+    const DecodedImage d = stage().run_bytes(encode(".png", red), "red.png");
+    EXPECT_EQ(channel_mean(d, 0), 1.0);
+    EXPECT_EQ(channel_mean(d, 1), -1.0);
+    EXPECT_EQ(channel_mean(d, 2), -1.0);
+    const DecodedImage u8 = stage(512, 16, true).run_bytes(encode(".png", red), "red.png");
+    EXPECT_EQ(u8.pixels.scalar_type(), at::kByte);
+    EXPECT_EQ(u8.pixels[0].min().item<int>(), 255);
+    EXPECT_EQ(u8.pixels[2].max().item<int>(), 0);
+}
+
+TEST(DecodeImage, EveryFormatDecodes) {
+    cv::Mat image(96, 128, CV_8UC3, cv::Scalar(200, 100, 50));
+    const std::vector<std::pair<std::string, std::string>> files = {
+        {"jpeg", encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95})},
+        {"png", encode(".png", image)},
+        {"webp lossy", encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 90})},
+        {"webp lossless", encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
+        {"bmp", encode(".bmp", image)},
+        {"tiff", encode(".tif", image)},
+    };
+    for (const auto& [name, bytes] : files) {
+        const DecodedImage d = stage().run_bytes(bytes, name);
+        // 96 / 128 = 0.75 lies as far from 0.72 as from 0.78; like Python's min(), the first wins.
+        EXPECT_EQ(d.bucket_ratio, "0.72") << name;
+        EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 416, 576})) << name;
+        EXPECT_NEAR(channel_mean(d, 0), 50 / 127.5 - 1, 0.03) << name;
+        EXPECT_NEAR(channel_mean(d, 1), 100 / 127.5 - 1, 0.03) << name;
+        EXPECT_NEAR(channel_mean(d, 2), 200 / 127.5 - 1, 0.03) << name;
+    }
+}
+
+TEST(DecodeImage, GrayAndAlphaLayoutsBecomeRGBOnWhite) {
+    // Gray: three equal channels.
+    cv::Mat gray(64, 64, CV_8UC1, cv::Scalar(51));
+    DecodedImage d = stage().run_bytes(encode(".png", gray), "gray.png");
+    EXPECT_EQ(d.pixels.size(0), 3);
+    for (int c = 0; c < 3; ++c) EXPECT_NEAR(channel_mean(d, c), 51 / 127.5 - 1, 1e-6);
+
+    // Gray + alpha (PNG colour type 4, written by hand): black, left half transparent.
+    std::vector<std::string> rows(64);
+    for (std::string& row : rows) {
+        for (int x = 0; x < 64; ++x) row += {'\0', static_cast<char>(x < 32 ? 0 : 255)};
+    }
+    d = stage().run_bytes(test::make_png(64, 64, 4, 8, rows), "gray_alpha.png");
+    EXPECT_EQ(d.pixels[1][10][5].item<float>(), 1.0f);    // transparent -> white
+    EXPECT_EQ(d.pixels[1][10][500].item<float>(), -1.0f);  // opaque black stays black
+
+    // RGBA: transparent black -> white; half-transparent red -> pink.
+    cv::Mat rgba(64, 64, CV_8UC4, cv::Scalar(0, 0, 0, 0));
+    rgba(cv::Rect(32, 0, 32, 64)).setTo(cv::Scalar(0, 0, 255, 128));
+    d = stage(512, 16, true).run_bytes(encode(".png", rgba), "rgba.png");
+    EXPECT_EQ(d.pixels[0][10][5].item<int>(), 255);
+    EXPECT_EQ(d.pixels[2][10][5].item<int>(), 255);
+    EXPECT_EQ(d.pixels[0][10][500].item<int>(), 255);  // 255*128/255 + 255*127/255
+    EXPECT_EQ(d.pixels[2][10][500].item<int>(), 127);  // 0*128/255 + 255*127/255
+
+    // 16-bit PNG and TIFF: 257 * v -> v.
+    cv::Mat deep(64, 64, CV_16UC3, cv::Scalar(257 * 10, 257 * 128, 65535));
+    for (const std::string ext : {".png", ".tif"}) {
+        d = stage(512, 16, true).run_bytes(encode(ext, deep), "deep" + ext);
+        EXPECT_EQ(d.pixels[0].min().item<int>(), 255) << ext;
+        EXPECT_EQ(d.pixels[1].max().item<int>(), 128) << ext;
+        EXPECT_EQ(d.pixels[2].max().item<int>(), 10) << ext;
+    }
+}
+
+// A 16x16 Adobe-style CMYK JPEG written with libjpeg (OpenCV cannot write CMYK): left half
+// red (C=255 M=0 Y=0 K=255 in Adobe's inverted convention), right half white.
+const unsigned char kCmykJpeg[] = {
+#include "tests/stages_cmyk_jpeg.inc"
+};
+
+TEST(DecodeImage, CMYKJpegBecomesRGB) {
+    const std::string bytes(reinterpret_cast<const char*>(kCmykJpeg), sizeof(kCmykJpeg));
+    const DecodedImage d = stage(512, 16, true).run_bytes(bytes, "cmyk.jpg");
+    EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 512, 512}));
+    EXPECT_GT(d.pixels[0][256][50].item<int>(), 240);  // red
+    EXPECT_LT(d.pixels[1][256][50].item<int>(), 15);
+    EXPECT_LT(d.pixels[2][256][50].item<int>(), 15);
+    EXPECT_GT(d.pixels[1][256][460].item<int>(), 240);  // white
+}
+
+// A 576 x 448 JPEG is exactly a 512 bucket in either orientation, so the output must equal
+// OpenCV's own oriented decode (IMREAD_COLOR applies EXIF) pixel for pixel, for all eight.
+TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
+    cv::Mat image(576, 448, CV_8UC3, cv::Scalar(255, 0, 0));           // blue
+    image(cv::Rect(0, 0, 100, 150)).setTo(cv::Scalar(0, 0, 255));      // red top-left corner
+    image(cv::Rect(300, 500, 100, 50)).setTo(cv::Scalar(0, 255, 0));   // green near bottom-right
+    const std::string plain = encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 100});
+    const DecodeImageStage s = stage(512, 16, true);
+    for (int o = 1; o <= 8; ++o) {
+        const std::string bytes = test::with_exif_orientation(plain, o, o % 2 == 0);
+        const DecodedImage d = s.run_bytes(bytes, "o" + std::to_string(o));
+        const cv::Mat expected = cv::imdecode(cv::Mat(1, static_cast<int>(bytes.size()), CV_8U,
+                                                      const_cast<char*>(bytes.data())),
+                                              cv::IMREAD_COLOR);
+        ASSERT_EQ(d.pixels.size(1), expected.rows) << "orientation " << o;
+        ASSERT_EQ(d.pixels.size(2), expected.cols) << "orientation " << o;
+        EXPECT_EQ(d.orig_h, expected.rows);
+        int64_t mismatches = 0;
+        const auto* p = d.pixels.data_ptr<uint8_t>();
+        const int64_t plane = expected.rows * expected.cols;
+        for (int y = 0; y < expected.rows; ++y) {
+            for (int x = 0; x < expected.cols; ++x) {
+                const cv::Vec3b bgr = expected.at<cv::Vec3b>(y, x);
+                const int64_t i = y * expected.cols + x;
+                mismatches += p[i] != bgr[2] || p[plane + i] != bgr[1] || p[2 * plane + i] != bgr[0];
+            }
+        }
+        EXPECT_EQ(mismatches, 0) << "orientation " << o;
+    }
+    // Orientation 6 is "rotate 90 clockwise": the red top-left corner ends top-right.
+    const DecodedImage d6 = s.run_bytes(test::with_exif_orientation(plain, 6), "o6");
+    EXPECT_EQ(d6.bucket_ratio, "0.78");
+    EXPECT_GT(d6.pixels[0][10][570].item<int>(), 200);
+    EXPECT_LT(d6.pixels[0][10][5].item<int>(), 50);
+}
+
+TEST(DecodeImage, RejectsNameTheFileAndTheReason) {
+    test::TempDir dir;
+    const DecodeImageStage s = stage(512, 256);
+    auto reason_for_path = [&](const std::string& path) -> std::string {
+        try {
+            s.run(path);
+        } catch (const Reject& r) {
+            return r.reason();
+        }
+        return "";
+    };
+    const std::string missing = dir.file("missing.png");
+    EXPECT_EQ(reason_for_path(missing).rfind(missing + ": cannot read file", 0), 0u);
+    EXPECT_NE(reason_for_path(dir.path().string()).find("cannot read file"), std::string::npos);
+
+    std::string random(5000, '\0');
+    for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>(i * 7919 % 251);
+    EXPECT_EQ(reject_reason(s, random, "x.jpg"), "x.jpg: not an image or unsupported format");
+    EXPECT_EQ(reject_reason(s, "", "e.png"),
+              "e.png: not an image or unsupported format (empty file)");
+
+    cv::Mat image(300, 400, CV_8UC3);
+    cv::randu(image, 0, 255);
+    for (const std::string ext : {".jpg", ".png", ".webp", ".bmp", ".tif"}) {
+        const std::string bytes = encode(ext, image);
+        const std::string reason = reject_reason(s, bytes.substr(0, bytes.size() * 2 / 3), ext);
+        EXPECT_EQ(reason.rfind(ext + ": truncated or corrupt image data", 0), 0u) << reason;
+    }
+    // Damage inside a PNG's compressed data: the structure is whole, libpng's CRC check fails.
+    std::string png = encode(".png", image);
+    png[png.size() / 2] ^= 0x55;
+    EXPECT_NE(reject_reason(s, png).find("truncated or corrupt image data"), std::string::npos);
+
+    EXPECT_EQ(reject_reason(s, encode(".png", cv::Mat(80, 100, CV_8UC3, cv::Scalar::all(0))), "small.png"),
+              "small.png: image too small: 100x80, minimum side is 256");
+}
+
+TEST(DecodeImage, HeaderBombIsRejectedBeforeAnyAllocation) {
+    const DecodeImageStage s = stage();
+    // Complete, well-formed PNGs: one stored-deflate row of data, IEND, valid CRCs.
+    const std::string bombs[] = {
+        test::make_png(100000, 100000, 2, 8, {std::string(300, '\0')}),
+        test::make_png(100000, 100000, 2, 8, {}),
+        std::string("\xFF\xD8\xFF\xC0\x00\x11\x08\xFD\xE8\xFF\xDC\x03", 12) + std::string(9, '\1'),
+    };
+    mem::reset_peak();
+    const int64_t before = mem::cpu_stats().current;
+    const auto start = std::chrono::steady_clock::now();
+    for (const std::string& bomb : bombs) {
+        const std::string reason = reject_reason(s, bomb, "bomb");
+        EXPECT_NE(reason.find("exceed the limit of 178956970 pixels (decompression bomb?)"),
+                  std::string::npos)
+            << reason;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(mem::cpu_stats().peak, before);  // no tensor memory at all
+    EXPECT_LT(seconds, 0.05);
+    EXPECT_EQ(reject_reason(s, bombs[0]),
+              "img: declared dimensions 100000x100000 exceed the limit of 178956970 pixels "
+              "(decompression bomb?)");
+    // The limit is configurable: 65500 x 65000 passes a larger one and fails as truncated.
+    DecodeImageConfig big;
+    big.max_pixels = int64_t{5} << 30;
+    EXPECT_NE(reject_reason(DecodeImageStage(big), bombs[2]).find("truncated or corrupt"),
+              std::string::npos);
+}
+
+TEST(DecodeImage, UnicodePathAndConcurrentCalls) {
+    test::TempDir dir;
+    const std::string path = dir.file("café_日本_🐱.png");
+    cv::Mat image(300, 260, CV_8UC3, cv::Scalar(10, 20, 30));
+    test::write_file(path, encode(".png", image));
+    const DecodeImageStage s = stage(512, 256);
+    const DecodedImage one = s.run(path);
+    EXPECT_EQ(one.orig_h, 300);
+    EXPECT_EQ(one.orig_w, 260);
+    std::vector<DecodedImage> results(4);
+    std::vector<std::thread> threads;
+    for (auto& r : results) threads.emplace_back([&] { r = s.run(path); });
+    for (auto& t : threads) t.join();
+    for (const auto& r : results) EXPECT_TRUE(r.pixels.equal(one.pixels));
+}
+
+TEST(DecodeImage, FingerprintFollowsWhatChangesTheOutput) {
+    const std::string base = stage(1024).fingerprint();
+    EXPECT_EQ(base, stage(1024).fingerprint());
+    EXPECT_NE(base, stage(512).fingerprint());
+    EXPECT_NE(base, stage(1024, 16, true).fingerprint());
+    EXPECT_EQ(base, stage(1024, 300).fingerprint());  // min_side only decides what is rejected
+    EXPECT_NE(base.find(bucket_table_fingerprint(1024)), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sf
+
+#endif  // SANAFLOW_WITH_MEDIA
