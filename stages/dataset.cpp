@@ -130,7 +130,8 @@ void scan_folder(const fs::path& dir, const DatasetConfig& config, DatasetScan* 
             continue;
         }
         if (!read_whole_file(caption_path, &bytes)) {
-            scan->rejects.emplace_back(path_string(image), "cannot read caption file " + caption_name);
+            scan->rejects.emplace_back(path_string(image),
+                                       "cannot read caption file " + caption_name);
             continue;
         }
         std::string caption;
@@ -138,7 +139,8 @@ void scan_folder(const fs::path& dir, const DatasetConfig& config, DatasetScan* 
             scan->rejects.emplace_back(path_string(image),
                                        "caption file " + caption_name + " is not valid UTF-8");
         } else if (caption.empty()) {
-            scan->rejects.emplace_back(path_string(image), "caption file " + caption_name + " is empty");
+            scan->rejects.emplace_back(path_string(image),
+                                       "caption file " + caption_name + " is empty");
         } else {
             scan->samples.push_back({path_string(image), std::move(caption)});
         }

@@ -37,7 +37,7 @@ struct Sample {
 };
 
 struct DatasetScan {
-    std::vector<Sample> samples;                               // sorted by path bytes
+    std::vector<Sample> samples;  // sorted by path bytes
     // (source, reason): source is the image path, or <manifest>:<line>. In path order in folder
     // mode and in line order in manifest mode, so two scans of the same data agree.
     std::vector<std::pair<std::string, std::string>> rejects;

@@ -32,10 +32,14 @@ struct DecodeImageConfig {
     // uint8 [0, 255] pixels instead of float32 [-1, 1]: a quarter of the memory in flight when
     // the consumer (the VAE stage) normalizes on the device anyway.
     bool output_uint8 = false;
+    // Decode a JPEG at 1/2, 1/4 or 1/8 scale inside libjpeg when that still leaves at least
+    // the bucket's size: 3-4x the throughput on camera photos, with a slightly different (not
+    // worse) low-pass than decoding fully and area-averaging. Off: every pixel is decoded.
+    bool jpeg_reduced_decode = true;
 };
 
 struct DecodedImage {
-    at::Tensor pixels;         // [3, bucket_h, bucket_w], RGB, contiguous, CPU
+    at::Tensor pixels;  // [3, bucket_h, bucket_w], RGB, contiguous, CPU
     int bucket_h = 0;
     int bucket_w = 0;
     std::string bucket_ratio;  // the table key, e.g. "0.57"

@@ -292,11 +292,24 @@ struct TiffEntry {
 
 uint64_t tiff_type_size(uint64_t type) {
     switch (type) {
-        case 1: case 2: case 6: case 7: return 1;  // BYTE, ASCII, SBYTE, UNDEFINED
-        case 3: case 8: return 2;                  // SHORT, SSHORT
-        case 4: case 9: case 13: return 4;         // LONG, SLONG, IFD
-        case 16: case 17: case 18: return 8;       // LONG8, SLONG8, IFD8
-        default: return 0;
+        case 1:
+        case 2:
+        case 6:
+        case 7:
+            return 1;  // BYTE, ASCII, SBYTE, UNDEFINED
+        case 3:
+        case 8:
+            return 2;  // SHORT, SSHORT
+        case 4:
+        case 9:
+        case 13:
+            return 4;  // LONG, SLONG, IFD
+        case 16:
+        case 17:
+        case 18:
+            return 8;  // LONG8, SLONG8, IFD8
+        default:
+            return 0;
     }
 }
 
@@ -336,13 +349,26 @@ ImageHeader read_tiff(const Bytes& b) {
         entry.value_field = e + 4 + offset_bytes;
         entry.present = true;
         switch (tag) {
-            case 256: width = entry; break;
-            case 257: length = entry; break;
-            case 273: strip_offsets = entry; break;
-            case 279: strip_counts = entry; break;
-            case 324: tile_offsets = entry; break;
-            case 325: tile_counts = entry; break;
-            default: break;
+            case 256:
+                width = entry;
+                break;
+            case 257:
+                length = entry;
+                break;
+            case 273:
+                strip_offsets = entry;
+                break;
+            case 279:
+                strip_counts = entry;
+                break;
+            case 324:
+                tile_offsets = entry;
+                break;
+            case 325:
+                tile_counts = entry;
+                break;
+            default:
+                break;
         }
     }
     // Reads element i of an entry's array, inline or out of line; false when it is outside.
@@ -360,8 +386,7 @@ ImageHeader read_tiff(const Bytes& b) {
         return b.load(base + i * size, static_cast<int>(size), big_endian, out);
     };
     uint64_t w = 0, l = 0;
-    if (!width.present || !length.present || !element(width, 0, &w) ||
-        !element(length, 0, &l)) {
+    if (!width.present || !length.present || !element(width, 0, &w) || !element(length, 0, &l)) {
         h.error = "TIFF: no ImageWidth/ImageLength in the first IFD";
         return h;
     }
@@ -393,12 +418,18 @@ ImageHeader read_tiff(const Bytes& b) {
 
 const char* image_format_name(ImageFormat format) {
     switch (format) {
-        case ImageFormat::kJPEG: return "JPEG";
-        case ImageFormat::kPNG: return "PNG";
-        case ImageFormat::kWebP: return "WebP";
-        case ImageFormat::kBMP: return "BMP";
-        case ImageFormat::kTIFF: return "TIFF";
-        case ImageFormat::kUnknown: break;
+        case ImageFormat::kJPEG:
+            return "JPEG";
+        case ImageFormat::kPNG:
+            return "PNG";
+        case ImageFormat::kWebP:
+            return "WebP";
+        case ImageFormat::kBMP:
+            return "BMP";
+        case ImageFormat::kTIFF:
+            return "TIFF";
+        case ImageFormat::kUnknown:
+            break;
     }
     return "unknown";
 }

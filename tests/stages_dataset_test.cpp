@@ -1,13 +1,12 @@
 // Dataset scanning: caption files, JSONL manifests, instance prompts, Unicode, and reject
 // reasons that name the file and line. The "images" here are never decoded, so any bytes do.
-#include "stages/dataset.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "stages/dataset.h"
 #include "tests/stages_test_util.h"
 
 namespace sf {
@@ -35,9 +34,11 @@ protected:
         write_file(dir_.path() / "b.png", "img");
         write_file(dir_.path() / "b.txt", "  a red bird\n");
         write_file(dir_.path() / "a.jpg", "img");
-        write_file(dir_.path() / "a.txt", "\xEF\xBB\xBF" "a cat\r\n");  // BOM, CRLF
-        write_file(dir_.path() / "c.png", "img");                     // no caption
-        write_file(dir_.path() / "D.JPEG", "img");                    // upper-case extension
+        write_file(dir_.path() / "a.txt",
+                   "\xEF\xBB\xBF"
+                   "a cat\r\n");                    // BOM, CRLF
+        write_file(dir_.path() / "c.png", "img");   // no caption
+        write_file(dir_.path() / "D.JPEG", "img");  // upper-case extension
         write_file(dir_.path() / "D.txt", "upper");
         write_file(dir_.path() / "notes.txt", "a caption with no image is ignored");
         write_file(dir_.path() / "anim.gif", "not in the extension list");
@@ -117,18 +118,18 @@ TEST(Dataset, ManifestLinesAndRejectsNamingFileAndLine) {
     write_file(dir.path() / "abs.png", "img");
     const std::string manifest = dir.file("data/train.jsonl");
     const std::string lines[] = {
-        R"({"file": "../imgs/two.png", "caption": "second"})",        // 1
-        R"({"file": "../imgs/one.png", "caption": "  first  "})",     // 2
-        R"({"file": "../imgs/one.png", "caption": "again"})",         // 3 duplicate
-        R"({"file": "../imgs/three.png", "caption": "x"})",           // 4 missing file
-        R"({"file": "../imgs/two.png" "caption": "x"})",              // 5 bad JSON
-        "",                                                            // 6 blank
-        R"({"file": "../imgs/日本.png", "text": "Unicode 🐱"})",      // 7 imagefolder alias
+        R"({"file": "../imgs/two.png", "caption": "second"})",              // 1
+        R"({"file": "../imgs/one.png", "caption": "  first  "})",           // 2
+        R"({"file": "../imgs/one.png", "caption": "again"})",               // 3 duplicate
+        R"({"file": "../imgs/three.png", "caption": "x"})",                 // 4 missing file
+        R"({"file": "../imgs/two.png" "caption": "x"})",                    // 5 bad JSON
+        "",                                                                 // 6 blank
+        R"({"file": "../imgs/日本.png", "text": "Unicode 🐱"})",             // 7 imagefolder alias
         R"({"file": ")" + dir.file("abs.png") + R"(", "caption": "abs"})",  // 8 absolute
-        R"({"file": "../imgs/two.png"})",                             // 9 no caption
-        R"(["not", "an", "object"])",                                  // 10
-        R"({"caption": "no file"})",                                   // 11
-        R"({"file": "../imgs/one.png", "caption": "   "})",           // 12 empty caption
+        R"({"file": "../imgs/two.png"})",                                   // 9 no caption
+        R"(["not", "an", "object"])",                                       // 10
+        R"({"caption": "no file"})",                                        // 11
+        R"({"file": "../imgs/one.png", "caption": "   "})",                 // 12 empty caption
     };
     std::string text;
     for (const std::string& line : lines) text += line + "\r\n";
@@ -138,9 +139,9 @@ TEST(Dataset, ManifestLinesAndRejectsNamingFileAndLine) {
     c.manifest = manifest;
     const DatasetScan scan = scan_dataset(c);
     EXPECT_EQ(scan.manifest_used, manifest);
-    EXPECT_EQ(paths_of(scan), (std::vector<std::string>{dir.file("abs.png"), dir.file("imgs/one.png"),
-                                                        dir.file("imgs/two.png"),
-                                                        dir.file("imgs/日本.png")}));
+    EXPECT_EQ(paths_of(scan),
+              (std::vector<std::string>{dir.file("abs.png"), dir.file("imgs/one.png"),
+                                        dir.file("imgs/two.png"), dir.file("imgs/日本.png")}));
     EXPECT_EQ(caption_of(scan, dir.file("imgs/one.png")), "first");
     EXPECT_EQ(caption_of(scan, dir.file("imgs/日本.png")), "Unicode 🐱");
     ASSERT_EQ(scan.rejects.size(), 7u);
@@ -205,10 +206,10 @@ TEST(Dataset, CaptionBytes) {
     std::string caption;
     EXPECT_TRUE(caption_from_bytes("\xEF\xBB\xBF  x y \n", &caption));
     EXPECT_EQ(caption, "x y");
-    EXPECT_FALSE(caption_from_bytes("\xC0\xAF", &caption));        // overlong '/'
-    EXPECT_FALSE(caption_from_bytes("\xED\xA0\x80", &caption));    // surrogate
+    EXPECT_FALSE(caption_from_bytes("\xC0\xAF", &caption));          // overlong '/'
+    EXPECT_FALSE(caption_from_bytes("\xED\xA0\x80", &caption));      // surrogate
     EXPECT_FALSE(caption_from_bytes("\xF4\x90\x80\x80", &caption));  // above U+10FFFF
-    EXPECT_FALSE(caption_from_bytes("abc\xE6\x97", &caption));     // cut multi-byte
+    EXPECT_FALSE(caption_from_bytes("abc\xE6\x97", &caption));       // cut multi-byte
     EXPECT_TRUE(caption_from_bytes("🐱", &caption));
     EXPECT_EQ(caption, "🐱");
 }

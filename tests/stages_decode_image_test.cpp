@@ -2,13 +2,12 @@
 // input rejected with its reason, and a header bomb rejected before anything is allocated.
 #if defined(SANAFLOW_WITH_MEDIA)
 
-#include "stages/decode_image.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "stages/aspect_buckets.h"
+#include "stages/decode_image.h"
 #include "tests/stages_test_util.h"
 
 namespace sf {
@@ -154,7 +154,7 @@ TEST(DecodeImage, GrayAndAlphaLayoutsBecomeRGBOnWhite) {
         for (int x = 0; x < 64; ++x) row += {'\0', static_cast<char>(x < 32 ? 0 : 255)};
     }
     d = stage().run_bytes(test::make_png(64, 64, 4, 8, rows), "gray_alpha.png");
-    EXPECT_EQ(d.pixels[1][10][5].item<float>(), 1.0f);    // transparent -> white
+    EXPECT_EQ(d.pixels[1][10][5].item<float>(), 1.0f);     // transparent -> white
     EXPECT_EQ(d.pixels[1][10][500].item<float>(), -1.0f);  // opaque black stays black
 
     // RGBA: transparent black -> white; half-transparent red -> pink.
@@ -195,17 +195,17 @@ TEST(DecodeImage, CMYKJpegBecomesRGB) {
 // A 576 x 448 JPEG is exactly a 512 bucket in either orientation, so the output must equal
 // OpenCV's own oriented decode (IMREAD_COLOR applies EXIF) pixel for pixel, for all eight.
 TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
-    cv::Mat image(576, 448, CV_8UC3, cv::Scalar(255, 0, 0));           // blue
-    image(cv::Rect(0, 0, 100, 150)).setTo(cv::Scalar(0, 0, 255));      // red top-left corner
-    image(cv::Rect(300, 500, 100, 50)).setTo(cv::Scalar(0, 255, 0));   // green near bottom-right
+    cv::Mat image(576, 448, CV_8UC3, cv::Scalar(255, 0, 0));          // blue
+    image(cv::Rect(0, 0, 100, 150)).setTo(cv::Scalar(0, 0, 255));     // red top-left corner
+    image(cv::Rect(300, 500, 100, 50)).setTo(cv::Scalar(0, 255, 0));  // green near bottom-right
     const std::string plain = encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 100});
     const DecodeImageStage s = stage(512, 16, true);
     for (int o = 1; o <= 8; ++o) {
         const std::string bytes = test::with_exif_orientation(plain, o, o % 2 == 0);
         const DecodedImage d = s.run_bytes(bytes, "o" + std::to_string(o));
-        const cv::Mat expected = cv::imdecode(cv::Mat(1, static_cast<int>(bytes.size()), CV_8U,
-                                                      const_cast<char*>(bytes.data())),
-                                              cv::IMREAD_COLOR);
+        const cv::Mat expected = cv::imdecode(
+            cv::Mat(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data())),
+            cv::IMREAD_COLOR);
         ASSERT_EQ(d.pixels.size(1), expected.rows) << "orientation " << o;
         ASSERT_EQ(d.pixels.size(2), expected.cols) << "orientation " << o;
         EXPECT_EQ(d.orig_h, expected.rows);
@@ -216,7 +216,8 @@ TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
             for (int x = 0; x < expected.cols; ++x) {
                 const cv::Vec3b bgr = expected.at<cv::Vec3b>(y, x);
                 const int64_t i = y * expected.cols + x;
-                mismatches += p[i] != bgr[2] || p[plane + i] != bgr[1] || p[2 * plane + i] != bgr[0];
+                mismatches +=
+                    p[i] != bgr[2] || p[plane + i] != bgr[1] || p[2 * plane + i] != bgr[0];
             }
         }
         EXPECT_EQ(mismatches, 0) << "orientation " << o;
@@ -226,6 +227,82 @@ TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
     EXPECT_EQ(d6.bucket_ratio, "0.78");
     EXPECT_GT(d6.pixels[0][10][570].item<int>(), 200);
     EXPECT_LT(d6.pixels[0][10][5].item<int>(), 50);
+}
+
+// Why the stage orients by itself: OpenCV skips EXIF whenever the flags are IMREAD_UNCHANGED,
+// which the stage needs to see alpha and 16 bits.
+TEST(DecodeImage, OpenCVIgnoresExifUnderUnchanged) {
+    const std::string bytes = test::with_exif_orientation(
+        encode(".jpg", cv::Mat(30, 40, CV_8UC3, cv::Scalar::all(0))), 6);
+    const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
+    EXPECT_EQ(cv::imdecode(buffer, cv::IMREAD_UNCHANGED).size(), cv::Size(40, 30));
+    EXPECT_EQ(cv::imdecode(buffer, cv::IMREAD_COLOR).size(), cv::Size(30, 40));
+}
+
+// PNG keeps EXIF in an eXIf chunk and WebP in an EXIF chunk of the extended (VP8X) container.
+TEST(DecodeImage, PNGAndWebPExifOrientationIsApplied) {
+    const DecodeImageStage s = stage(512, 16);
+    std::vector<std::string> rows(40, std::string(30, '\x40'));  // 30 wide, 40 high, gray
+    const std::string png =
+        test::make_png(30, 40, 0, 8, rows, test::png_chunk("eXIf", test::exif_block(6)));
+    DecodedImage d = s.run_bytes(png, "exif.png");
+    EXPECT_EQ(d.orig_h, 30);
+    EXPECT_EQ(d.orig_w, 40);
+    EXPECT_EQ(d.bucket_ratio, "0.72");
+
+    // OpenCV's lossless WebP is a plain "VP8L" file; rewrap it as VP8X + VP8L + EXIF.
+    const std::string simple = encode(".webp", cv::Mat(40, 30, CV_8UC3, cv::Scalar::all(90)),
+                                      {cv::IMWRITE_WEBP_QUALITY, 101});
+    auto le = [](uint32_t v, int n) {
+        std::string out;
+        for (int i = 0; i < n; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFF);
+        return out;
+    };
+    const std::string exif = test::exif_block(8);
+    std::string body = "WEBP";
+    body += "VP8X" + le(10, 4) + le(0x08, 4) + le(30 - 1, 3) + le(40 - 1, 3);  // 0x08: has EXIF
+    body += simple.substr(12);  // the VP8L chunk, padding included
+    body += "EXIF" + le(static_cast<uint32_t>(exif.size()), 4) + exif;
+    if (exif.size() % 2 != 0) body += '\0';
+    const std::string webp = "RIFF" + le(static_cast<uint32_t>(body.size()), 4) + body;
+    d = s.run_bytes(webp, "exif.webp");
+    EXPECT_EQ(d.orig_h, 30);
+    EXPECT_EQ(d.orig_w, 40);
+    EXPECT_NEAR(channel_mean(d, 1), 90 / 127.5 - 1, 1e-6);
+}
+
+// A JPEG four times the bucket is decoded at 1/4 scale inside libjpeg; the result must be the
+// same picture as the full decode + area average, to within JPEG noise, in every orientation.
+TEST(DecodeImage, ReducedJpegDecodeMatchesFullDecode) {
+    cv::Mat image(1800, 2400, CV_8UC3);
+    for (int y = 0; y < image.rows; ++y) {
+        for (int x = 0; x < image.cols; ++x) {
+            image.at<cv::Vec3b>(y, x) = cv::Vec3b(x * 255 / 2400, y * 255 / 1800, 128);
+        }
+    }
+    cv::circle(image, {600, 500}, 300, cv::Scalar(0, 0, 255), cv::FILLED);
+    cv::GaussianBlur(image, image, cv::Size(0, 0), 6);  // no edge sharper than the bucket
+    const std::string plain = encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95});
+    DecodeImageConfig config;
+    config.resolution = 512;
+    config.output_uint8 = true;
+    const DecodeImageStage fast(config);
+    config.jpeg_reduced_decode = false;
+    const DecodeImageStage full(config);
+    EXPECT_NE(fast.fingerprint(), full.fingerprint());
+    for (int o : {1, 3, 6, 8}) {
+        const std::string bytes = test::with_exif_orientation(plain, o);
+        const DecodedImage a = fast.run_bytes(bytes, "fast");
+        const DecodedImage b = full.run_bytes(bytes, "full");
+        ASSERT_EQ(a.pixels.sizes(), b.pixels.sizes()) << o;
+        EXPECT_EQ(a.bucket_ratio, o >= 5 ? "1.29" : "0.72");
+        EXPECT_EQ(a.orig_h, o >= 5 ? 2400 : 1800);
+        const at::Tensor diff = a.pixels.to(at::kFloat).sub(b.pixels.to(at::kFloat)).abs();
+        EXPECT_LT(diff.mean().item<double>(), 0.5) << o;  // in 0..255 units
+        // Where the blurred edge is steepest, the crop rounding to whole 1/4-scale pixels
+        // (a quarter of an output pixel at most) shows as a few levels.
+        EXPECT_LT(diff.max().item<double>(), 24.0) << o;
+    }
 }
 
 TEST(DecodeImage, RejectsNameTheFileAndTheReason) {
@@ -261,7 +338,8 @@ TEST(DecodeImage, RejectsNameTheFileAndTheReason) {
     png[png.size() / 2] ^= 0x55;
     EXPECT_NE(reject_reason(s, png).find("truncated or corrupt image data"), std::string::npos);
 
-    EXPECT_EQ(reject_reason(s, encode(".png", cv::Mat(80, 100, CV_8UC3, cv::Scalar::all(0))), "small.png"),
+    EXPECT_EQ(reject_reason(s, encode(".png", cv::Mat(80, 100, CV_8UC3, cv::Scalar::all(0))),
+                            "small.png"),
               "small.png: image too small: 100x80, minimum side is 256");
 }
 

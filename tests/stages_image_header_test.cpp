@@ -1,13 +1,12 @@
 // The header sniffer: formats, declared sizes, EXIF orientation, truncation, and that no byte
 // string makes it read outside its buffer.
-#include "stages/image_header.h"
-
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
+#include "stages/image_header.h"
 #include "tests/stages_test_util.h"
 
 #if defined(SANAFLOW_WITH_MEDIA)
@@ -104,7 +103,8 @@ std::vector<Encoded> every_format(int rows, int cols) {
         {".jpg (progressive)", ImageFormat::kJPEG,
          encode(".jpg", image, {cv::IMWRITE_JPEG_PROGRESSIVE, 1})},
         {".png", ImageFormat::kPNG, encode(".png", image)},
-        {".webp (lossy)", ImageFormat::kWebP, encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 80})},
+        {".webp (lossy)", ImageFormat::kWebP,
+         encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 80})},
         {".webp (lossless)", ImageFormat::kWebP,
          encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
         {".webp (alpha)", ImageFormat::kWebP, encode(".webp", noise_image(rows, cols, CV_8UC4))},
@@ -175,10 +175,13 @@ TEST(ImageHeader, FuzzedInputsNeverCrash) {
         }
     }
     EXPECT_GT(with_size, 0u);
-    const std::vector<std::string> magics = {
-        {"\xFF\xD8\xFF", 3}, {"\x89PNG\r\n\x1A\n", 8}, {"RIFF\x10\0\0\0WEBP", 12},
-        {"BM", 2},          {"II*\0", 4},              {"MM\0*", 4},
-        {"II+\0\x08\0\0\0", 8}};
+    const std::vector<std::string> magics = {{"\xFF\xD8\xFF", 3},
+                                             {"\x89PNG\r\n\x1A\n", 8},
+                                             {"RIFF\x10\0\0\0WEBP", 12},
+                                             {"BM", 2},
+                                             {"II*\0", 4},
+                                             {"MM\0*", 4},
+                                             {"II+\0\x08\0\0\0", 8}};
     for (int trial = 0; trial < 3000; ++trial) {  // random bytes behind every magic
         std::string bytes = magics[trial % magics.size()];
         const size_t magic_size = bytes.size();

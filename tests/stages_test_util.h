@@ -18,7 +18,8 @@ namespace sf::test {
 class TempDir {
 public:
     TempDir() {
-        std::string pattern = (std::filesystem::temp_directory_path() / "sf_stages_XXXXXX").string();
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / "sf_stages_XXXXXX").string();
         if (::mkdtemp(pattern.data()) == nullptr) std::abort();
         path_ = pattern;
     }
