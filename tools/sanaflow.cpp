@@ -1,0 +1,133 @@
+// The `sanaflow` command line. Flags keep the spelling of the diffusers Sana training scripts.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "pipelines/inspect.h"
+#include "pipelines/prep.h"
+#include "tools/demo_data.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using sf::pipelines::PrepOptions;
+
+void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
+    cmd->add_option("--instance_data_dir", o.instance_data_dir,
+                    "folder of images with same-stem .txt captions")
+        ->check(CLI::ExistingDirectory);
+    cmd->add_option("--manifest", o.manifest, "JSONL manifest: one {\"file\": ..., \"caption\": ...} per line")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--instance_prompt", o.instance_prompt, "caption for every image (DreamBooth style)");
+    cmd->add_option("--resolution", o.resolution, "bucket table: 512, 1024, 2048 or 4096")
+        ->check(CLI::IsMember({512, 1024, 2048, 4096}))
+        ->capture_default_str();
+    cmd->add_option("--min_side", o.min_side, "reject images with a smaller side (0: resolution / 4)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    cmd->add_option("--dataloader_num_workers", o.workers, "parallel decode workers")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    cmd->add_option("--max_in_flight", o.max_in_flight, "bound on decoded samples in memory (0: 4 x workers)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--rebuild", o.rebuild, "rebuild a stage whose fingerprint differs instead of refusing");
+}
+
+int run_prep_command(const PrepOptions& o) {
+    if (o.instance_data_dir.empty() && o.manifest.empty()) {
+        throw sf::Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
+    }
+    auto report = sf::pipelines::run_prep(o);
+    std::cout << report.table();
+    return 0;
+}
+
+int run_inspect_command(const std::string& cache, bool verify) {
+    auto result = sf::pipelines::inspect_cache(cache, verify);
+    std::cout << result.text;
+    return result.ok ? 0 : 3;
+}
+
+int run_demo_command(const std::string& out_dir, int num_images) {
+    const fs::path root(out_dir);
+    const fs::path data = root / "data";
+    const fs::path cache = root / "cache";
+    sf::log_info("demo: writing {} generated images with captions to {}", num_images, data.string());
+    auto stats = sf::tools::write_demo_dataset(data.string(), num_images, /*seed=*/1234);
+    sf::log_info("demo: {} images and {} deliberately bad files", stats.images, stats.bad_files);
+
+    PrepOptions o;
+    o.instance_data_dir = data.string();
+    o.cache_dir = cache.string();
+    o.resolution = 512;
+    std::cout << "== sanaflow prep --instance_data_dir " << data.string() << " --cache_dir "
+              << cache.string() << " --resolution 512\n";
+    std::cout << sf::pipelines::run_prep(o).table();
+    std::cout << "\n== the same prep again: everything is cached, nothing is decoded\n";
+    std::cout << sf::pipelines::run_prep(o).table();
+    std::cout << "\n== sanaflow inspect " << cache.string() << " --verify\n";
+    auto result = sf::pipelines::inspect_cache(cache.string(), /*verify=*/true);
+    std::cout << result.text;
+    std::cout << "\n== memory\n" << sf::mem::memory_log().table();
+    return result.ok ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    sf::mem::install_counting_allocator();
+
+    CLI::App app{"sanaflow: train Sana-style diffusion transformers from a cache of latents, "
+                 "without running out of memory"};
+    app.require_subcommand(1);
+    app.failure_message(CLI::FailureMessage::simple);
+    bool quiet = false, verbose = false;
+    app.add_flag("-q,--quiet", quiet, "only warnings and errors");
+    app.add_flag("-v,--verbose", verbose, "debug output");
+
+    PrepOptions prep;
+    auto* prep_cmd = app.add_subcommand("prep", "decode, bucket and cache a dataset");
+    add_prep_flags(prep_cmd, prep);
+    prep_cmd->add_option("--cache_dir", prep.cache_dir, "cache directory (created if absent)")->required();
+
+    std::string inspect_dir;
+    bool verify = false;
+    auto* inspect_cmd = app.add_subcommand("inspect", "show what a cache holds; --verify checks every record");
+    inspect_cmd->add_option("cache", inspect_dir, "cache directory")->required()->check(CLI::ExistingDirectory);
+    inspect_cmd->add_flag("--verify", verify, "decode every record and check its checksum");
+
+    std::string demo_dir = "demo-out";
+    int demo_images = 24;
+    auto* demo_cmd = app.add_subcommand("demo", "generate a small dataset, prep it, inspect the cache");
+    demo_cmd->add_option("--output_dir", demo_dir, "where the data and the cache go")->capture_default_str();
+    demo_cmd->add_option("--num_images", demo_images, "images to generate")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    if (quiet) sf::set_log_level(sf::LogLevel::kWarn);
+    if (verbose) sf::set_log_level(sf::LogLevel::kDebug);
+
+    try {
+        if (*prep_cmd) return run_prep_command(prep);
+        if (*inspect_cmd) return run_inspect_command(inspect_dir, verify);
+        if (*demo_cmd) return run_demo_command(demo_dir, demo_images);
+    } catch (const sf::Error& e) {
+        std::fprintf(stderr, "sanaflow: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "sanaflow: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
