@@ -1,0 +1,42 @@
+// Internal to graph/: the declared stages of a LinearPipeline and the entry point of the flow-graph
+// runtime, which is the only translation unit that includes TBB.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/pipeline.h"
+
+namespace sf::graph {
+
+struct LinearPipeline::Stage {
+    enum class Kind { kSource, kParallel, kSerial, kBatched, kSink };
+    Kind kind = Kind::kSerial;
+    std::string name;
+    int concurrency = 1;
+    int batch_size = 1;
+    SourceFn source;
+    StageFn fn;
+    BatchFn batch;
+    SinkFn sink;
+    SinkOrder order = SinkOrder::kArrival;
+};
+
+namespace detail {
+
+struct RunInput {
+    const std::string& name;
+    int tokens;
+    const std::vector<LinearPipeline::Stage>& stages;  // source first, sink last
+    const LinearPipeline::DescribeFn& describe;
+    const LinearPipeline::RejectFn& on_reject;
+    const ProgressOptions& progress;
+    int64_t total;
+    CancelToken& cancel;
+};
+
+// Runs the graph to the end; fills `stats` and rethrows the first fatal exception, if any.
+void run_graph(const RunInput& input, RunStats& stats);
+
+}  // namespace detail
+}  // namespace sf::graph

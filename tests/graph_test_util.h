@@ -1,0 +1,31 @@
+// Helpers shared by the graph tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <utility>
+
+namespace sf::graph::testing {
+
+// Runs fn on its own thread and returns its result (rethrowing its exception, type intact). A
+// graph that hangs must fail with a message rather than stall the suite until ctest's timeout,
+// and a hung thread cannot be joined, so past `limit` the process exits.
+template <typename Fn>
+auto with_watchdog(std::chrono::milliseconds limit, Fn fn) -> decltype(fn()) {
+    auto future = std::async(std::launch::async, std::move(fn));
+    if (future.wait_for(limit) == std::future_status::timeout) {
+        std::fprintf(stderr, "watchdog: %s.%s did not finish within %lld ms\n",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                     static_cast<long long>(limit.count()));
+        std::fflush(stderr);
+        std::_Exit(3);
+    }
+    return future.get();
+}
+
+}  // namespace sf::graph::testing
