@@ -90,6 +90,11 @@ cv::Mat to_bgr8(const cv::Mat& decoded, const std::string& name) {
 // EXIF orientations 5..8 swap width and height.
 bool transposes(int orientation) { return orientation >= 5 && orientation <= 8; }
 
+// Orientations whose transform includes a left-right mirror of the stored rows.
+bool mirrors_columns(int orientation) {
+    return orientation == 2 || orientation == 3 || orientation == 6 || orientation == 7;
+}
+
 // The same transform as OpenCV's ApplyExifOrientation and PIL's ImageOps.exif_transpose.
 cv::Mat apply_orientation(const cv::Mat& image, int orientation) {
     cv::Mat out;
@@ -269,6 +274,18 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
     const int shown_w = static_cast<int>(transposed ? height : width);
     const AspectBucket& bucket = closest_aspect_bucket(config_.resolution, shown_h, shown_w);
     const SourceCrop crop = plan_cover_crop(shown_h, shown_w, bucket.height, bucket.width);
+    // OpenCV's TIFF reader applies the Orientation tag itself, even under IMREAD_UNCHANGED
+    // (pinned by a test), except that tiled 8-bit files with a mirrored orientation come out
+    // scrambled tile by tile: those are refused rather than trained on.
+    const bool decoder_orients = header.format == ImageFormat::kTIFF;
+    if (decoder_orients && header.tiled && mirrors_columns(header.orientation)) {
+        reject(name, "unsupported: tiled TIFF with orientation " +
+                         std::to_string(header.orientation) + " (OpenCV decodes it scrambled)");
+    }
+    const int orientation = decoder_orients ? 1 : header.orientation;  // left for us to apply
+    const bool stored_transposed = transposes(orientation);
+    const int stored_h = stored_transposed ? shown_w : shown_h;  // as the decoder returns it
+    const int stored_w = stored_transposed ? shown_h : shown_w;
     const int reduce = config_.jpeg_reduced_decode && header.format == ImageFormat::kJPEG
                            ? jpeg_reduction(crop, bucket)
                            : 1;
@@ -286,17 +303,17 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
         reject(name, kCorrupt + " (the " + image_format_name(header.format) + " decoder failed)");
     }
     // libjpeg's scaled output is ceil(side / reduce).
-    if (decoded.cols != (width + reduce - 1) / reduce ||
-        decoded.rows != (height + reduce - 1) / reduce) {
-        reject(name, kCorrupt + " (header declares " + size_text(width, height) +
+    if (decoded.cols != (stored_w + reduce - 1) / reduce ||
+        decoded.rows != (stored_h + reduce - 1) / reduce) {
+        reject(name, kCorrupt + " (header declares " + size_text(stored_w, stored_h) +
                          ", decoder produced " + size_text(decoded.cols, decoded.rows) +
                          (reduce > 1 ? " at 1/" + std::to_string(reduce) + " scale)" : ")"));
     }
     const cv::Size full_crop =
-        transposed ? cv::Size(crop.height, crop.width) : cv::Size(crop.width, crop.height);
+        stored_transposed ? cv::Size(crop.height, crop.width) : cv::Size(crop.width, crop.height);
     // The full-resolution crop, scaled to the decoded image (the same rect when reduce is 1).
-    const int full_x = (static_cast<int>(width) - full_crop.width) / 2;
-    const int full_y = (static_cast<int>(height) - full_crop.height) / 2;
+    const int full_x = (stored_w - full_crop.width) / 2;
+    const int full_y = (stored_h - full_crop.height) / 2;
     auto scaled = [reduce](int v) { return (v + reduce / 2) / reduce; };
     const cv::Size crop_size(std::min(decoded.cols, scaled(full_crop.width)),
                              std::min(decoded.rows, scaled(full_crop.height)));
@@ -307,8 +324,8 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
     cv::Mat bgr = to_bgr8(decoded(stored_crop), name);
     decoded.release();
 
-    const cv::Size target =
-        transposed ? cv::Size(bucket.height, bucket.width) : cv::Size(bucket.width, bucket.height);
+    const cv::Size target = stored_transposed ? cv::Size(bucket.height, bucket.width)
+                                              : cv::Size(bucket.width, bucket.height);
     cv::Mat resized = bgr;
     if (target != bgr.size()) {
         // INTER_AREA averages every source pixel when shrinking (no aliasing, unlike bilinear);
@@ -317,7 +334,7 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
         cv::resize(bgr, resized, target, 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_CUBIC);
     }
     bgr.release();
-    const cv::Mat oriented = apply_orientation(resized, header.orientation);
+    const cv::Mat oriented = apply_orientation(resized, orientation);
     SF_CHECK(oriented.rows == bucket.height && oriented.cols == bucket.width,
              "decode_image: result differs from the bucket size");
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace sf {
 namespace {
@@ -338,7 +339,7 @@ ImageHeader read_tiff(const Bytes& b) {
         h.error = "TIFF: first IFD runs past the end of the data";
         return h;
     }
-    TiffEntry width, length, strip_offsets, strip_counts, tile_offsets, tile_counts;
+    TiffEntry width, length, orientation, strip_offsets, strip_counts, tile_offsets, tile_counts;
     for (uint64_t i = 0; i < count; ++i) {
         const size_t e = first_entry + i * entry_bytes;
         uint64_t tag = 0;
@@ -348,27 +349,11 @@ ImageHeader read_tiff(const Bytes& b) {
         b.load(e + 4, offset_bytes, big_endian, &entry.count);
         entry.value_field = e + 4 + offset_bytes;
         entry.present = true;
-        switch (tag) {
-            case 256:
-                width = entry;
-                break;
-            case 257:
-                length = entry;
-                break;
-            case 273:
-                strip_offsets = entry;
-                break;
-            case 279:
-                strip_counts = entry;
-                break;
-            case 324:
-                tile_offsets = entry;
-                break;
-            case 325:
-                tile_counts = entry;
-                break;
-            default:
-                break;
+        const std::pair<uint64_t, TiffEntry*> wanted[] = {
+            {256, &width},        {257, &length},       {273, &strip_offsets}, {274, &orientation},
+            {279, &strip_counts}, {324, &tile_offsets}, {325, &tile_counts}};
+        for (const auto& [wanted_tag, slot] : wanted) {
+            if (tag == wanted_tag) *slot = entry;
         }
     }
     // Reads element i of an entry's array, inline or out of line; false when it is outside.
@@ -392,7 +377,12 @@ ImageHeader read_tiff(const Bytes& b) {
     }
     h.width = clamp_to_int64(w);
     h.height = clamp_to_int64(l);
+    uint64_t o = 0;
+    if (orientation.present && element(orientation, 0, &o) && o >= 1 && o <= 8) {
+        h.orientation = static_cast<int>(o);
+    }
     const bool tiled = tile_offsets.present;
+    h.tiled = tiled;
     const TiffEntry& offsets = tiled ? tile_offsets : strip_offsets;
     const TiffEntry& counts = tiled ? tile_counts : strip_counts;
     if (!offsets.present || !counts.present || offsets.count != counts.count ||

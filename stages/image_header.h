@@ -24,10 +24,10 @@ struct ImageHeader {
     ImageFormat format = ImageFormat::kUnknown;  // from the magic bytes alone
     int64_t width = 0;                           // as declared, before EXIF orientation
     int64_t height = 0;
-    // EXIF orientation 1..8 (1 = as stored) from JPEG APP1, PNG eXIf or WebP EXIF. TIFF's own
-    // Orientation tag is not reported: OpenCV's TIFF reader goes through libtiff, which already
-    // applies part of it on some paths, so applying it again could rotate twice.
+    // Orientation 1..8 (1 = as stored): EXIF from JPEG APP1, PNG eXIf or WebP EXIF, or TIFF's
+    // own Orientation tag. Note that OpenCV's TIFF reader applies the tag itself.
     int orientation = 1;
+    bool tiled = false;  // TIFF stored in tiles rather than strips
     // Non-empty when no width and height could be read (format known but header cut or bad).
     std::string error;
     // Non-empty when the header is fine but the data stops before the container's end: a JPEG

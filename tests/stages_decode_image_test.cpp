@@ -271,6 +271,35 @@ TEST(DecodeImage, PNGAndWebPExifOrientationIsApplied) {
     EXPECT_NEAR(channel_mean(d, 1), 90 / 127.5 - 1, 1e-6);
 }
 
+// OpenCV's TIFF reader orients by itself; the stage must neither skip nor repeat it. A TIFF
+// with Orientation o must come out exactly like a PNG with EXIF orientation o (both lossless).
+TEST(DecodeImage, TiffOrientationTagIsAppliedOnce) {
+    cv::Mat image(576, 448, CV_8UC3);
+    cv::randu(image, 0, 255);
+    std::string rgb;
+    std::vector<std::string> rows;
+    for (int y = 0; y < image.rows; ++y) {
+        std::string row;
+        for (int x = 0; x < image.cols; ++x) {
+            const cv::Vec3b bgr = image.at<cv::Vec3b>(y, x);
+            row +=
+                {static_cast<char>(bgr[2]), static_cast<char>(bgr[1]), static_cast<char>(bgr[0])};
+        }
+        rgb += row;
+        rows.push_back(row);
+    }
+    const DecodeImageStage s = stage(512, 16, true);
+    for (int o = 1; o <= 8; ++o) {
+        const DecodedImage tiff = s.run_bytes(test::make_tiff(448, 576, rgb, o), "o.tif");
+        const DecodedImage png = s.run_bytes(
+            test::make_png(448, 576, 2, 8, rows, test::png_chunk("eXIf", test::exif_block(o))),
+            "o.png");
+        ASSERT_EQ(tiff.pixels.sizes(), png.pixels.sizes()) << "orientation " << o;
+        EXPECT_TRUE(tiff.pixels.equal(png.pixels)) << "orientation " << o;
+        EXPECT_EQ(tiff.orig_h, o >= 5 ? 448 : 576);
+    }
+}
+
 // A JPEG four times the bucket is decoded at 1/4 scale inside libjpeg; the result must be the
 // same picture as the full decode + area average, to within JPEG noise, in every orientation.
 TEST(DecodeImage, ReducedJpegDecodeMatchesFullDecode) {

@@ -76,6 +76,16 @@ TEST(ImageHeader, PNGeXIfChunkGivesOrientation) {
     EXPECT_EQ(read(png).orientation, 8);
 }
 
+TEST(ImageHeader, TiffOrientationTagIsRead) {
+    const ImageHeader h = read(test::make_tiff(3, 2, std::string(18, '\x10'), 7));
+    EXPECT_EQ(h.format, ImageFormat::kTIFF);
+    EXPECT_EQ(h.width, 3);
+    EXPECT_EQ(h.height, 2);
+    EXPECT_EQ(h.orientation, 7);
+    EXPECT_FALSE(h.tiled);
+    EXPECT_TRUE(h.truncated.empty()) << h.truncated;
+}
+
 #if defined(SANAFLOW_WITH_MEDIA)
 
 std::string encode(const std::string& ext, const cv::Mat& image, std::vector<int> params = {}) {
