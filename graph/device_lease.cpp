@@ -14,6 +14,8 @@ constexpr int kMaxDevices = 64;
 // How often a cancel-aware wait looks at its token. Cancellation is rare and the wait is for a
 // whole model phase, so a coarse poll costs nothing and needs no link from token to lease.
 constexpr auto kCancelPoll = std::chrono::milliseconds(20);
+// Phases that take the lease per batch wait briefly and often; only a wait this long is news.
+constexpr auto kAnnounceAfter = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -43,23 +45,24 @@ DeviceLease::Hold DeviceLease::acquire(const std::string& who, const CancelToken
     if (held_) {
         SF_CHECK(holder_thread_ != std::this_thread::get_id(),
                  "DeviceLease::acquire on a thread that already holds the lease");
-        const std::string waited_for = holder_;
-        log_info("device {}: {} waits for {}", device_, who, waited_for);
+        log_debug("device {}: {} waits for {}", device_, who, holder_);
         const auto start = std::chrono::steady_clock::now();
+        bool announced = false;
         while (held_) {
             if (cancel != nullptr && cancel->cancelled()) {
                 throw Cancelled("device " + std::to_string(device_) + " lease wait by " + who);
             }
-            if (cancel != nullptr) {
-                released_.wait_for(lock, kCancelPoll);
-            } else {
-                released_.wait(lock);
+            released_.wait_for(lock, cancel != nullptr ? kCancelPoll : kAnnounceAfter);
+            if (!announced && held_ && std::chrono::steady_clock::now() - start >= kAnnounceAfter) {
+                log_info("device {}: {} waits for {}", device_, who, holder_);
+                announced = true;
             }
         }
         const double waited =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        log_info("device {}: {} holds the device after waiting {:.1f}s for {}", device_, who,
-                 waited, waited_for);
+        if (announced) {
+            log_info("device {}: {} holds the device after waiting {:.1f}s", device_, who, waited);
+        }
     } else {
         log_debug("device {}: {} holds the device", device_, who);
     }

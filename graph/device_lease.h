@@ -2,6 +2,10 @@
 // has its weights and activations on the device at a time. A phase takes the lease for its whole
 // run, loads its model inside that scope and frees it before the Hold goes out of scope; CPU work
 // that needs no model runs beside it without the lease.
+//
+// Take it around a phase (outside LinearPipeline::run()) or inside one stage body (per batch). A
+// waiter inside a stage body occupies a worker thread while it waits; pass the run's cancel token
+// (current_item()->cancel) so that a cancelled run does not wait for another phase to finish.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 #include "core/error.h"
 #include "core/log.h"
 #include "graph/pipeline_run.h"
@@ -23,8 +22,8 @@ LinearPipeline& LinearPipeline::add_stage(Stage stage) {
     const bool has_source = !stages_.empty() && stages_.front().kind == Stage::Kind::kSource;
     const bool has_sink = !stages_.empty() && stages_.back().kind == Stage::Kind::kSink;
     auto fail = [&](const std::string& why) {
-        return Error::InvalidArgument(fmt::format("pipeline {}: stage {}: {}", name_, stage.name,
-                                                  why));
+        return Error::InvalidArgument(
+            fmt::format("pipeline {}: stage {}: {}", name_, stage.name, why));
     };
     if (stage.kind == Stage::Kind::kSource) {
         if (!stages_.empty()) throw fail("the source must be declared first, and only once");
@@ -33,8 +32,7 @@ LinearPipeline& LinearPipeline::add_stage(Stage stage) {
         if (!has_source) throw fail("declare the source first");
         if (has_sink) throw fail("nothing may follow the sink");
     }
-    if ((stage.kind == Stage::Kind::kParallel || stage.kind == Stage::Kind::kSerial) &&
-        !stage.fn) {
+    if ((stage.kind == Stage::Kind::kParallel || stage.kind == Stage::Kind::kSerial) && !stage.fn) {
         throw fail("empty stage function");
     }
     if (stage.kind == Stage::Kind::kParallel && stage.concurrency < 1) {
@@ -156,8 +154,8 @@ RunStats LinearPipeline::run() {
             fmt::format("pipeline {}: needs a source and a sink before run()", name_));
     }
     log_info("{}", plan());
-    detail::RunInput input{name_,       max_in_flight_, stages_, describe_,
-                           on_reject_,  progress_,      total_,  cancel_token_};
+    detail::RunInput input{name_,      max_in_flight_, stages_, describe_,
+                           on_reject_, progress_,      total_,  cancel_token_};
     detail::run_graph(input, stats_);
     return stats_;
 }

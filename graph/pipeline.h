@@ -57,8 +57,8 @@ enum class SinkOrder {
 
 struct StageStats {
     std::string name;
-    int64_t items = 0;    // bodies that returned normally
-    int64_t rejects = 0;  // bodies that threw sf::Reject (for a batch: items in the batch)
+    int64_t items = 0;        // bodies that returned normally
+    int64_t rejects = 0;      // bodies that threw sf::Reject (for a batch: items in the batch)
     double busy_seconds = 0;  // summed over concurrent bodies, so it may exceed wall time
 };
 
@@ -66,7 +66,7 @@ struct RunStats {
     int64_t produced = 0;   // items the source emitted (including ones it rejected itself)
     int64_t completed = 0;  // items the sink accepted
     int64_t rejected = 0;
-    int64_t dropped = 0;    // items thrown away because the run was cancelled
+    int64_t dropped = 0;  // items thrown away because the run was cancelled
     double seconds = 0;
     int tokens = 0;                  // the bound
     int max_in_flight_observed = 0;  // never above `tokens`
@@ -115,7 +115,8 @@ public:
     RunStats run();
 
     // Asks a running pipeline to stop (from any thread, e.g. a SIGINT handler's watcher): like a
-    // fatal error, but run() returns normally with stats().cancelled set.
+    // fatal error, but run() returns normally with stats().cancelled set. The token is never
+    // reset, so a cancel() that comes before run() stops it at once.
     void cancel() { cancel_token_.cancel(); }
     const CancelToken& cancel_token() const { return cancel_token_; }
 

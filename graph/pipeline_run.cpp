@@ -26,9 +26,10 @@
 // instead of producing, every stage passes dropped items through without running, parked items
 // are released, and the graph drains to idle on its own; run() then rethrows. Nothing relies on
 // TBB's task cancellation, which would leave items in node queues unaccounted for.
-#include <tbb/flow_graph.h>
+#include "graph/pipeline_run.h"
 
 #include <fmt/format.h>
+#include <tbb/flow_graph.h>
 
 #include <algorithm>
 #include <any>
@@ -43,7 +44,6 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "graph/pipeline_run.h"
 
 namespace sf::graph {
 namespace {
@@ -458,8 +458,8 @@ void GraphRun::finish(Msg& msg) {
                   msg.index, msg.label, msg.reject_reason);
         if (input_.on_reject) {
             try {
-                input_.on_reject(RejectInfo{msg.reject_stage, msg.index, msg.label,
-                                            msg.reject_reason});
+                input_.on_reject(
+                    RejectInfo{msg.reject_stage, msg.index, msg.label, msg.reject_reason});
             } catch (...) {
                 fail(std::current_exception(), "on_reject");
             }

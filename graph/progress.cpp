@@ -69,7 +69,7 @@ std::string format_progress_final(const std::string& name, int64_t done, int64_t
                                   double elapsed_seconds) {
     std::string head = total >= 0 ? fmt::format("{}: {} ({:.1f}%)", name, counts(done, total),
                                                 percent(done, total))
-                                   : fmt::format("{}: {}", name, counts(done, total));
+                                  : fmt::format("{}: {}", name, counts(done, total));
     return fmt::format("{} {:.1f} items/s, done in {}", head, rate(done, elapsed_seconds),
                        format_duration(elapsed_seconds));
 }
@@ -111,9 +111,9 @@ Progress::Progress(std::string name, int64_t total, ProgressOptions options)
       options_(options),
       mode_(resolve_progress_mode(options.mode, std::getenv("SANAFLOW_PROGRESS"),
                                   isatty(fileno(options.out ? options.out : stderr)) == 1)),
-      interval_ns_(static_cast<int64_t>(
-          1e9 * (mode_ == ProgressMode::kBar ? options.bar_interval_seconds
-                                             : options.plain_interval_seconds))),
+      interval_ns_(static_cast<int64_t>(1e9 * (mode_ == ProgressMode::kBar
+                                                   ? options.bar_interval_seconds
+                                                   : options.plain_interval_seconds))),
       start_ns_(now_ns()),
       total_(total),
       next_draw_ns_(start_ns_ + interval_ns_) {}

@@ -40,8 +40,7 @@ std::string format_progress_bar(const std::string& name, int64_t done, int64_t t
                                 double elapsed_seconds, int columns);
 // The mode to use: a valid `env_value` ("plain", "bar", "off") wins, then an explicit request;
 // kAuto means a bar on a terminal and plain lines otherwise. Never returns kAuto.
-ProgressMode resolve_progress_mode(ProgressMode requested, const char* env_value,
-                                   bool is_terminal);
+ProgressMode resolve_progress_mode(ProgressMode requested, const char* env_value, bool is_terminal);
 
 // Thread-safe; advance() is one atomic add and a clock read unless a line is due, so stages may
 // call it per item.

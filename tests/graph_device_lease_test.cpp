@@ -3,11 +3,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "graph/device_lease.h"
+#include "graph/pipeline.h"
+#include "graph_test_util.h"
 
 namespace sf::graph {
 namespace {
@@ -98,6 +102,44 @@ TEST(DeviceLease, CancelledWaitGivesUpAndLeavesOtherWaitersWaiting) {
     holder.release();
     other.join();
     EXPECT_TRUE(other_got.load());
+}
+
+// Two phases as two pipelines running at once, each taking the lease around its device batches:
+// their CPU stages overlap, their device work never does.
+TEST(DeviceLease, TwoPipelinesTakeTurnsOnTheDevice) {
+    DeviceLease lease(0);
+    std::atomic<int> holders{0};
+    std::atomic<int> overlaps{0};
+    auto phase = [&](const std::string& name) {
+        auto next = std::make_shared<int64_t>(0);
+        LinearPipeline pipeline(name, 4);
+        pipeline
+            .source("count",
+                    [next](std::any& out) {
+                        out = *next;
+                        return ++*next <= 40;
+                    })
+            .parallel("cpu", 2, [](std::any&& x) { return std::move(x); })
+            .serial_batched("device", 4,
+                            [&](std::vector<std::any>&& xs) {
+                                DeviceLease::Hold hold =
+                                    lease.acquire(name, current_item()->cancel);
+                                if (++holders != 1) ++overlaps;
+                                std::this_thread::sleep_for(200us);
+                                --holders;
+                                return std::move(xs);
+                            })
+            .sink("write", [](std::any&&) {})
+            .progress(ProgressOptions{ProgressMode::kOff});
+        return pipeline.run().completed;
+    };
+    testing::with_watchdog(10s, [&] {
+        auto text = std::async(std::launch::async, phase, "encode_text");
+        auto vae = std::async(std::launch::async, phase, "encode_vae");
+        EXPECT_EQ(text.get(), 40);
+        EXPECT_EQ(vae.get(), 40);
+    });
+    EXPECT_EQ(overlaps.load(), 0);
 }
 
 TEST(DeviceLease, ProcessWideLeaseIsOnePerDevice) {

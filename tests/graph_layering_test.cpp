@@ -26,8 +26,7 @@ namespace fs = std::filesystem;
 // "path:line: text" for every #include line in C++ sources under `dir` that contains one of
 // `needles`; `sources` counts the files looked at.
 std::vector<std::string> includes_matching(const fs::path& dir,
-                                           const std::vector<std::string>& needles,
-                                           int& sources) {
+                                           const std::vector<std::string>& needles, int& sources) {
     std::vector<std::string> hits;
     if (!fs::is_directory(dir)) return hits;
     for (const auto& entry : fs::recursive_directory_iterator(dir)) {

@@ -72,7 +72,8 @@ TEST(LinearPipelineBatch, PartialBatchRunsWhenEveryTokenWaits) {
                           return std::move(x);
                       })
             .serial_batched("vae", 4, times_ten(sizes))
-            .sink("write", [&](std::any&& x) { order.push_back(as_int(x)); }, SinkOrder::kSource)
+            .sink(
+                "write", [&](std::any&& x) { order.push_back(as_int(x)); }, SinkOrder::kSource)
             .progress(quiet());
         with_watchdog(10s, [&] { return pipeline.run(); });
 
@@ -113,7 +114,8 @@ TEST(LinearPipelineBatch, RejectFromABatchRejectsEachOfItsItems) {
                             if (++batch == 2) throw Reject("NaN in latents");
                             return std::move(xs);
                         })
-        .sink("write", [](std::any&&) {}, SinkOrder::kSource)
+        .sink(
+            "write", [](std::any&&) {}, SinkOrder::kSource)
         .on_reject([&](const RejectInfo& r) { rejects.push_back(r); })
         .progress(quiet());
     RunStats stats = with_watchdog(10s, [&] { return pipeline.run(); });

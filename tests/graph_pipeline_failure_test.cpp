@@ -197,7 +197,8 @@ TEST(LinearPipelineFailure, FailingBatchDropsItsItemsAndPartialBatchesAreAccount
                             if (++batches == 3) throw Error::OutOfMemory("cuda: 2 GiB requested");
                             return std::move(xs);
                         })
-        .sink("write", [](std::any&&) {}, SinkOrder::kSource)
+        .sink(
+            "write", [](std::any&&) {}, SinkOrder::kSource)
         .progress(quiet());
     try {
         with_watchdog(10s, [&] { return pipeline.run(); });

@@ -241,14 +241,14 @@ TEST(LinearPipeline, SourceOrderSinkRestoresOrderAroundRejections) {
                       if (v % 10 == 3) throw Reject("odd one out");
                       return std::move(x);
                   })
-        .sink("write", [&](std::any&& x) { order.push_back(as_int(x)); }, SinkOrder::kSource)
+        .sink(
+            "write", [&](std::any&& x) { order.push_back(as_int(x)); }, SinkOrder::kSource)
         .progress(quiet());
     with_watchdog(10s, [&] { return pipeline.run(); });
 
     ASSERT_EQ(order.size(), static_cast<size_t>(kItems - kItems / 10));
     EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
-    EXPECT_EQ(std::count_if(order.begin(), order.end(), [](int64_t v) { return v % 10 == 3; }),
-              0);
+    EXPECT_EQ(std::count_if(order.begin(), order.end(), [](int64_t v) { return v % 10 == 3; }), 0);
 }
 
 TEST(LinearPipeline, EmptySourceRunsNothing) {
@@ -296,7 +296,8 @@ TEST(LinearPipeline, PlanNamesEveryStageAndTheBound) {
     pipeline.source("list", count_to(1))
         .parallel("decode", 3, [](std::any&& x) { return std::move(x); })
         .serial_batched("encode_vae", 2, [](std::vector<std::any>&& xs) { return std::move(xs); })
-        .sink("write", [](std::any&&) {}, SinkOrder::kSource);
+        .sink(
+            "write", [](std::any&&) {}, SinkOrder::kSource);
     const std::string plan = pipeline.plan();
     EXPECT_NE(plan.find("pipeline prep: at most 4 items in flight"), std::string::npos) << plan;
     EXPECT_NE(plan.find("decode"), std::string::npos) << plan;
