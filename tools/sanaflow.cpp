@@ -36,6 +36,9 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->capture_default_str();
     cmd->add_option("--max_in_flight", o.max_in_flight, "bound on decoded samples in memory (0: 4 x workers)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
+        ->check(CLI::Range(1, 1000000))
+        ->capture_default_str();
     cmd->add_flag("--rebuild", o.rebuild, "rebuild a stage whose fingerprint differs instead of refusing");
 }
 
@@ -86,7 +89,10 @@ int main(int argc, char** argv) {
     CLI::App app{"sanaflow: train Sana-style diffusion transformers from a cache of latents, "
                  "without running out of memory"};
     app.require_subcommand(1);
-    app.failure_message(CLI::FailureMessage::simple);
+    // One line, naming the flag: "sanaflow: --resolution: 777 not in {512,1024,2048,4096}".
+    app.failure_message([](const CLI::App*, const CLI::Error& e) {
+        return std::string("sanaflow: ") + e.what() + " (see --help)\n";
+    });
     bool quiet = false, verbose = false;
     app.add_flag("-q,--quiet", quiet, "only warnings and errors");
     app.add_flag("-v,--verbose", verbose, "debug output");

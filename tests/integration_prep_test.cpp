@@ -1,0 +1,236 @@
+// End to end: generated images -> `sanaflow prep` -> cache, through the library and the program.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "pipelines/inspect.h"
+#include "pipelines/prep.h"
+#include "storage/cache.h"
+#include "storage/cache_reader.h"
+#include "storage/tensor_record.h"
+#include "test_util.h"
+
+namespace {
+
+using sf::pipelines::PrepOptions;
+using sf::pipelines::run_prep;
+using sf::test::TempDir;
+
+const std::string kSanaflow = std::string(SANAFLOW_BINARY_DIR) + "/sanaflow";
+
+// Writes image i of a dataset: sizes and colors vary so several buckets are used.
+void write_image(const std::filesystem::path& dir, int i, const std::string& caption) {
+    const int sizes[][2] = {{300, 300}, {320, 240}, {240, 320}, {200, 400}};
+    const auto& s = sizes[i % 4];
+    cv::Mat img(s[0], s[1], CV_8UC3, cv::Scalar(i * 7 % 255, i * 13 % 255, i * 29 % 255));
+    cv::circle(img, {s[1] / 2, s[0] / 2}, 40 + i % 50, cv::Scalar(255 - i % 255, 80, 20), cv::FILLED);
+    const std::string stem = (dir / ("img_" + std::to_string(i))).string();
+    ASSERT_TRUE(cv::imwrite(stem + (i % 3 == 0 ? ".png" : ".jpg"), img));
+    sf::test::write_file(stem + ".txt", caption);
+}
+
+void write_dataset(const std::filesystem::path& dir, int first, int count) {
+    std::filesystem::create_directories(dir);
+    for (int i = first; i < first + count; ++i) write_image(dir, i, "picture number " + std::to_string(i));
+}
+
+PrepOptions options_for(const TempDir& tmp) {
+    PrepOptions o;
+    o.instance_data_dir = tmp.file("data");
+    o.cache_dir = tmp.file("cache");
+    o.resolution = 512;
+    o.min_side = 128;
+    o.commit_batch = 4;
+    return o;
+}
+
+int64_t samples_in(const std::string& cache_dir) {
+    return static_cast<int64_t>(sf::storage::CacheReader(sf::storage::Cache::open(cache_dir), "samples").count());
+}
+
+TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
+    TempDir tmp("sf_prep");
+    write_dataset(tmp.path() / "data", 0, 12);
+    sf::test::write_file(tmp.path() / "data" / "cut.jpg", std::string("\xFF\xD8\xFF\xE0garbage", 10));
+    sf::test::write_file(tmp.path() / "data" / "cut.txt", "a cut file");
+    cv::imwrite(tmp.file("data/small.png"), cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)));
+    sf::test::write_file(tmp.path() / "data" / "small.txt", "too small");
+    cv::imwrite(tmp.file("data/nocaption.png"), cv::Mat(300, 300, CV_8UC3, cv::Scalar(1, 2, 3)));
+
+    const PrepOptions o = options_for(tmp);
+    auto first = run_prep(o);
+    EXPECT_EQ(first.scanned, 14);  // the caption-less image is a scan reject
+    EXPECT_EQ(first.written, 12);
+    EXPECT_EQ(first.cached, 0);
+    EXPECT_EQ(first.rejected, 3);
+
+    auto cache = sf::storage::Cache::open(o.cache_dir);
+    auto small = cache.reject(tmp.file("data/small.png"));
+    ASSERT_TRUE(small.has_value());
+    EXPECT_NE(small->reason.find("too small"), std::string::npos) << small->reason;
+    auto cut = cache.reject(tmp.file("data/cut.jpg"));
+    ASSERT_TRUE(cut.has_value());
+    EXPECT_EQ(cut->stage, "decode");
+    ASSERT_TRUE(cache.reject(tmp.file("data/nocaption.png")).has_value());
+
+    // Each record names its source, bucket and caption.
+    sf::storage::CacheReader reader(cache, "samples");
+    std::set<std::string> buckets;
+    reader.for_each([&](std::string_view key, std::string_view frame) {
+        auto r = sf::storage::decode_record(frame, std::string(key));
+        buckets.insert(r.metadata.at("bucket"));
+        EXPECT_NE(r.metadata.at("caption").find("picture number"), std::string::npos);
+        EXPECT_EQ(r.tensors.at("bucket_size").shape, std::vector<int64_t>{2});
+    });
+    EXPECT_GE(buckets.size(), 3u);
+
+    // Unchanged dataset: nothing decoded or written.
+    auto second = run_prep(o);
+    EXPECT_EQ(second.written, 0);
+    EXPECT_EQ(second.cached, 12);
+
+    // Three new images: only those are written. A renamed file keeps its key.
+    write_dataset(tmp.path() / "data", 100, 3);
+    std::filesystem::rename(tmp.file("data/img_1.jpg"), tmp.file("data/renamed_1.jpg"));
+    std::filesystem::rename(tmp.file("data/img_1.txt"), tmp.file("data/renamed_1.txt"));
+    auto third = run_prep(o);
+    EXPECT_EQ(third.written, 3);
+    EXPECT_EQ(third.cached, 12);
+    EXPECT_EQ(samples_in(o.cache_dir), 15);
+
+    // An edited caption is a new sample.
+    sf::test::write_file(tmp.path() / "data" / "img_2.txt", "an edited caption");
+    EXPECT_EQ(run_prep(o).written, 1);
+
+    auto inspect = sf::pipelines::inspect_cache(o.cache_dir, /*verify=*/true);
+    EXPECT_TRUE(inspect.ok);
+    EXPECT_NE(inspect.text.find("verify: "), std::string::npos);
+    EXPECT_NE(inspect.text.find("0 corrupt"), std::string::npos) << inspect.text;
+}
+
+TEST(PrepIntegration, ChangedFingerprintIsRefusedUnlessRebuilt) {
+    TempDir tmp("sf_prep");
+    write_dataset(tmp.path() / "data", 0, 4);
+    PrepOptions o = options_for(tmp);
+    EXPECT_EQ(run_prep(o).written, 4);
+
+    o.resolution = 1024;
+    o.min_side = 128;
+    try {
+        run_prep(o);
+        FAIL() << "a cache made at 512 px must be refused at 1024 px";
+    } catch (const sf::Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("resolution"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("--rebuild"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(samples_in(o.cache_dir), 4);  // refusing touched nothing
+
+    o.rebuild = true;
+    auto rebuilt = run_prep(o);
+    EXPECT_EQ(rebuilt.written, 4);
+    EXPECT_EQ(samples_in(o.cache_dir), 4);  // the 512-px records are gone, not kept beside
+}
+
+TEST(PrepIntegration, KilledRunLeavesValidRecordsAndRerunCompletes) {
+    TempDir tmp("sf_prep_kill");
+    constexpr int kImages = 160;
+    write_dataset(tmp.path() / "data", 0, kImages);
+    const PrepOptions o = options_for(tmp);
+
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        // Exec, so the child is a clean process with its own threads.
+        ::execl(kSanaflow.c_str(), "sanaflow", "-q", "prep", "--instance_data_dir", o.instance_data_dir.c_str(),
+                "--cache_dir", o.cache_dir.c_str(), "--resolution", "512", "--min_side", "128",
+                "--dataloader_num_workers", "1", "--commit_batch", "4", static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    // Kill it once some batches are committed, well before the end.
+    int64_t seen = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (std::filesystem::exists(std::filesystem::path(o.cache_dir) / "data.mdb")) {
+            try {
+                seen = samples_in(o.cache_dir);
+            } catch (const sf::Error&) {
+                seen = 0;  // the child may not have created the db yet
+            }
+        }
+        if (seen >= 8) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished before it could be killed";
+    const int64_t committed = samples_in(o.cache_dir);
+    ASSERT_GE(committed, 8);
+    ASSERT_LT(committed, kImages);
+
+    auto before = sf::pipelines::inspect_cache(o.cache_dir, /*verify=*/true);
+    EXPECT_TRUE(before.ok) << before.text;
+
+    auto rerun = run_prep(o);
+    EXPECT_EQ(rerun.cached, committed);
+    EXPECT_EQ(rerun.written, kImages - committed);
+    EXPECT_EQ(samples_in(o.cache_dir), kImages);
+    EXPECT_TRUE(sf::pipelines::inspect_cache(o.cache_dir, true).ok);
+}
+
+// The program: help, bad flags and missing paths give one clear line and a non-zero exit.
+TEST(Cli, HelpAndErrors) {
+    auto help = sf::test::run_command(kSanaflow + " --help");
+    EXPECT_EQ(help.exit_code, 0);
+    EXPECT_NE(help.output.find("prep"), std::string::npos);
+    EXPECT_NE(help.output.find("inspect"), std::string::npos);
+
+    auto prep_help = sf::test::run_command(kSanaflow + " prep --help");
+    EXPECT_EQ(prep_help.exit_code, 0);
+    EXPECT_NE(prep_help.output.find("--instance_data_dir"), std::string::npos);
+    EXPECT_NE(prep_help.output.find("--cache_dir"), std::string::npos);
+
+    auto bad_flag = sf::test::run_command(kSanaflow + " prep --no_such_flag 1 --cache_dir /tmp/x");
+    EXPECT_NE(bad_flag.exit_code, 0);
+    EXPECT_NE(bad_flag.output.find("no_such_flag"), std::string::npos) << bad_flag.output;
+
+    auto missing = sf::test::run_command(kSanaflow + " prep --instance_data_dir /nonexistent/dir --cache_dir /tmp/x");
+    EXPECT_NE(missing.exit_code, 0);
+    EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos) << missing.output;
+
+    auto bad_res = sf::test::run_command(kSanaflow + " prep --instance_data_dir /tmp --cache_dir /tmp/x --resolution 777");
+    EXPECT_NE(bad_res.exit_code, 0);
+    EXPECT_NE(bad_res.output.find("777"), std::string::npos) << bad_res.output;
+
+    auto no_cache = sf::test::run_command(kSanaflow + " inspect /nonexistent/cache");
+    EXPECT_NE(no_cache.exit_code, 0);
+    EXPECT_NE(no_cache.output.find("/nonexistent/cache"), std::string::npos) << no_cache.output;
+
+    auto no_command = sf::test::run_command(kSanaflow);
+    EXPECT_NE(no_command.exit_code, 0);
+}
+
+TEST(Cli, PrepThenInspectVerifyThroughTheProgram) {
+    TempDir tmp("sf_cli");
+    write_dataset(tmp.path() / "data", 0, 5);
+    auto prep = sf::test::run_command(kSanaflow + " prep --instance_data_dir " + tmp.file("data") +
+                                      " --cache_dir " + tmp.file("cache") + " --resolution 512 --min_side 128");
+    ASSERT_EQ(prep.exit_code, 0) << prep.output;
+    EXPECT_NE(prep.output.find("5 written"), std::string::npos) << prep.output;
+    auto inspect = sf::test::run_command(kSanaflow + " inspect " + tmp.file("cache") + " --verify");
+    EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+    EXPECT_NE(inspect.output.find("samples"), std::string::npos);
+    EXPECT_NE(inspect.output.find("samples per bucket"), std::string::npos) << inspect.output;
+    EXPECT_NE(inspect.output.find(", 0 corrupt"), std::string::npos) << inspect.output;
+}
+
+}  // namespace
