@@ -231,15 +231,18 @@ DecodedImage DecodeImageStage::run(const std::string& path) const {
     return run_bytes(bytes, path);
 }
 
-DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
-                                         const std::string& name_for_errors) const {
-    const std::string& name = name_for_errors;
-    if (static_cast<int64_t>(bytes.size()) > config_.max_file_bytes) {
+namespace {
+
+// Everything that can be refused from the bytes and the header alone, before any decoder
+// runs: the decoder allocates the declared size up front, so a bomb must not reach it.
+ImageHeader checked_header(const std::string& bytes, const std::string& name,
+                           const DecodeImageConfig& config) {
+    if (static_cast<int64_t>(bytes.size()) > config.max_file_bytes) {
         reject(name, "file is " + std::to_string(bytes.size()) + " bytes, over the limit of " +
-                         std::to_string(config_.max_file_bytes) + " (max_file_bytes)");
+                         std::to_string(config.max_file_bytes) + " (max_file_bytes)");
     }
-    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
-    const ImageHeader header = read_image_header(data, bytes.size());
+    const ImageHeader header =
+        read_image_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     if (header.format == ImageFormat::kUnknown) {
         reject(name, "not an image or unsupported format" +
                          std::string(bytes.empty() ? " (empty file)" : ""));
@@ -250,20 +253,30 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
         reject(name, kCorrupt + " (" + image_format_name(header.format) + " declares " +
                          size_text(width, height) + ")");
     }
-    // Before any decoder runs: the decoder allocates the declared size up front.
-    if (width > config_.max_pixels / height) {
+    if (width > config.max_pixels / height) {
         reject(name, "declared dimensions " + size_text(width, height) + " exceed the limit of " +
-                         std::to_string(config_.max_pixels) + " pixels (decompression bomb?)");
+                         std::to_string(config.max_pixels) + " pixels (decompression bomb?)");
     }
     if (std::max(width, height) > kMaxSide) {
         reject(name, "declared dimensions " + size_text(width, height) + " exceed the limit of " +
                          std::to_string(kMaxSide) + " pixels per side");
     }
-    if (std::min(width, height) < config_.min_side) {
+    if (std::min(width, height) < config.min_side) {
         reject(name, "image too small: " + size_text(width, height) + ", minimum side is " +
-                         std::to_string(config_.min_side));
+                         std::to_string(config.min_side));
     }
     if (!header.truncated.empty()) reject(name, kCorrupt + " (" + header.truncated + ")");
+    return header;
+}
+
+}  // namespace
+
+DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
+                                         const std::string& name_for_errors) const {
+    const std::string& name = name_for_errors;
+    const ImageHeader header = checked_header(bytes, name, config_);
+    const int64_t width = header.width, height = header.height;
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
 
     // Geometry is planned from the header, in the orientation the image is shown in, and
     // carried out in the one it is stored in, so only the small result is flipped or

@@ -1,9 +1,10 @@
 // decode_image: one image file -> one normalized RGB tensor in Sana's closest aspect bucket.
 //
-//   bytes -> header check (format, declared size, truncation; nothing decoded yet)
-//         -> OpenCV decode, every channel layout and depth to 8-bit BGR (alpha on white)
-//         -> EXIF orientation -> closest bucket -> cover resize -> center crop
-//         -> [3, H, W] RGB tensor, float32 in [-1, 1]
+//   bytes -> header check: format, declared size, truncation (nothing decoded yet)
+//         -> closest bucket for the image as shown (after EXIF orientation)
+//         -> OpenCV decode (JPEG at 1/2..1/8 scale when that still covers the bucket)
+//         -> crop the centered region that covers the bucket, to 8-bit BGR (alpha on white)
+//         -> resize to the bucket -> EXIF orientation -> [3, H, W] RGB tensor in [-1, 1]
 //
 // A bad image throws sf::Reject("<name>: <reason>"); the graph records it and goes on. The
 // stage is a plain class with no mutable state: run() may be called from many threads at once.

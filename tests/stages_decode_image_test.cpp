@@ -300,6 +300,15 @@ TEST(DecodeImage, TiffOrientationTagIsAppliedOnce) {
     }
 }
 
+TEST(DecodeImage, TiledTiffWithMirroredOrientationIsRefused) {
+    const std::string rgb(64 * 64 * 3, '\x55');
+    const DecodeImageStage s = stage(512, 16);
+    EXPECT_EQ(reject_reason(s, test::make_tiff(64, 64, rgb, 1, true)), "");
+    EXPECT_EQ(reject_reason(s, test::make_tiff(64, 64, rgb, 8, true)), "");
+    EXPECT_EQ(reject_reason(s, test::make_tiff(64, 64, rgb, 6, true), "t.tif"),
+              "t.tif: unsupported: tiled TIFF with orientation 6 (OpenCV decodes it scrambled)");
+}
+
 // A JPEG four times the bucket is decoded at 1/4 scale inside libjpeg; the result must be the
 // same picture as the full decode + area average, to within JPEG noise, in every orientation.
 TEST(DecodeImage, ReducedJpegDecodeMatchesFullDecode) {

@@ -127,28 +127,34 @@ inline std::string with_exif_orientation(const std::string& jpeg, int orientatio
 
 namespace sf::test {
 
-// An uncompressed, single-strip, little-endian RGB TIFF with an Orientation tag, for what
-// OpenCV's encoder cannot write. `rgb` holds height rows of width * 3 bytes.
+// An uncompressed little-endian RGB TIFF with an Orientation tag, for what OpenCV's encoder
+// cannot write: one strip, or (tiled) one tile covering the image, whose sides must then be
+// multiples of 16. `rgb` holds height rows of width * 3 bytes.
 inline std::string make_tiff(uint32_t width, uint32_t height, const std::string& rgb,
-                             int orientation) {
+                             int orientation, bool tiled = false) {
     auto u16 = [](uint32_t v) { return std::string{char(v & 0xFF), char((v >> 8) & 0xFF)}; };
     auto u32 = [&](uint32_t v) { return u16(v & 0xFFFF) + u16(v >> 16); };
-    const uint32_t bits_at = 8, data_at = 16;
-    const uint32_t ifd_at = data_at + static_cast<uint32_t>(rgb.size()) + (rgb.size() & 1);
     auto entry = [&](int tag, int type, uint32_t count, uint32_t value) {
         return u16(tag) + u16(type) + u32(count) +
                (type == 3 && count == 1 ? u16(value) + u16(0) : u32(value));
     };
+    const uint32_t bits_at = 8, data_at = 16;
+    const uint32_t ifd_at = data_at + static_cast<uint32_t>(rgb.size()) + (rgb.size() & 1);
+    const auto bytes = static_cast<uint32_t>(rgb.size());
+    std::string entries = entry(256, 3, 1, width) + entry(257, 3, 1, height) +
+                          entry(258, 3, 3, bits_at) + entry(259, 3, 1, 1) + entry(262, 3, 1, 2);
+    if (tiled) {
+        entries += entry(274, 3, 1, orientation) + entry(277, 3, 1, 3) + entry(322, 3, 1, width) +
+                   entry(323, 3, 1, height) + entry(324, 4, 1, data_at) + entry(325, 4, 1, bytes);
+    } else {
+        entries += entry(273, 4, 1, data_at) + entry(274, 3, 1, orientation) + entry(277, 3, 1, 3) +
+                   entry(278, 3, 1, height) + entry(279, 4, 1, bytes);
+    }
     std::string out = "II*" + std::string(1, '\0') + u32(ifd_at);
     out += u16(8) + u16(8) + u16(8) + u16(0);  // BitsPerSample values at offset 8
     out += rgb;
     if (rgb.size() & 1) out += '\0';
-    out += u16(10);
-    out += entry(256, 3, 1, width) + entry(257, 3, 1, height) + entry(258, 3, 3, bits_at) +
-           entry(259, 3, 1, 1) + entry(262, 3, 1, 2) + entry(273, 4, 1, data_at) +
-           entry(274, 3, 1, orientation) + entry(277, 3, 1, 3) + entry(278, 3, 1, height) +
-           entry(279, 4, 1, static_cast<uint32_t>(rgb.size()));
-    return out + u32(0);
+    return out + u16(static_cast<uint32_t>(entries.size() / 12)) + entries + u32(0);
 }
 
 }  // namespace sf::test
