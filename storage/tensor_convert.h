@@ -1,0 +1,30 @@
+// Conversion between at::Tensor and the torch-free record types. The only part of storage/ that
+// touches ATen: this header forward-declares at::Tensor, so including it costs nothing; callers
+// that hold tensors include ATen themselves.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "storage/tensor_record.h"
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace sf::storage {
+
+// A copy of the tensor's elements, row-major (moved to the CPU and made contiguous first).
+// kInvalidArgument for a dtype the record format does not have (complex, uint16, ...).
+TensorData to_tensor_data(const at::Tensor& tensor);
+
+// A new CPU tensor holding a copy of the bytes. kInvalidArgument when the byte count does not
+// match the shape.
+at::Tensor from_tensor_data(const TensorData& data);
+
+// A view of a contiguous CPU tensor's bytes without copying; valid while the tensor lives. Used to
+// write checkpoints without a second copy of the weights. kInvalidArgument for a non-contiguous
+// or non-CPU tensor.
+TensorView view_of(const at::Tensor& tensor);
+
+}  // namespace sf::storage
