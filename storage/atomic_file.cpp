@@ -1,7 +1,6 @@
 #include "storage/atomic_file.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,7 +9,6 @@
 #include <system_error>
 
 #include "core/error.h"
-#include "core/log.h"
 
 namespace sf::storage {
 namespace {
@@ -94,7 +92,8 @@ void AtomicFileWriter::commit() {
     if (::fsync(fd_.get()) != 0) throw io_error("fsync of", temp_path_, errno);
     // close() can report a deferred write error (NFS); treat it as a failed write.
     if (::close(fd_.release()) != 0) throw io_error("closing", temp_path_, errno);
-    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) throw io_error("renaming onto", path_, errno);
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+        throw io_error("renaming onto", path_, errno);
     committed_ = true;
     fsync_parent_dir(path_);
 }

@@ -132,11 +132,13 @@ FingerprintStatus Cache::ensure_fingerprint(const std::string& stage, const Fing
                                             const std::vector<std::string>& stage_dbs,
                                             bool rebuild) {
     if (read_only()) {
-        if (rebuild) throw Error::InvalidArgument("cannot rebuild stage '" + stage +
-                                                  "' in read-only cache " + dir());
+        if (rebuild)
+            throw Error::InvalidArgument("cannot rebuild stage '" + stage +
+                                         "' in read-only cache " + dir());
         auto stored = fingerprint(stage);
         if (!stored) {
-            throw Error::NotFound("cache " + dir() + " has no fingerprint for stage '" + stage + "'");
+            throw Error::NotFound("cache " + dir() + " has no fingerprint for stage '" + stage +
+                                  "'");
         }
         check_fingerprint(*stored, wanted, stage, dir());
         return FingerprintStatus::kMatched;
@@ -161,8 +163,10 @@ FingerprintStatus Cache::ensure_fingerprint(const std::string& stage, const Fing
                 if (txn.count(d) > 0) {
                     throw Error::InvalidArgument(
                         "cache " + dir() + ": db '" + d.name() + "' holds records but stage '" +
-                        stage + "' has no fingerprint, so nothing says how they were made; run "
-                        "with --rebuild to rebuild stage '" + stage + "'");
+                        stage +
+                        "' has no fingerprint, so nothing says how they were made; run "
+                        "with --rebuild to rebuild stage '" +
+                        stage + "'");
                 }
             }
             txn.put(fingerprints, stage, wanted_json);

@@ -88,7 +88,8 @@ std::vector<DbStats> Cache::stats() {
                 // Only the frame header is read; a damaged one is counted at its stored size and
                 // left for verify_all to report.
                 try {
-                    plain = static_cast<int64_t>(record_content_size(value, std::string(cursor.key())));
+                    plain =
+                        static_cast<int64_t>(record_content_size(value, std::string(cursor.key())));
                 } catch (const Error&) {
                 }
             }

@@ -51,9 +51,8 @@ void CacheWriter::add(Entry entry) {
     // Checked here, not at commit, so one bad key cannot make every later batch fail.
     size_t limit = cache_.env()->max_key_size();
     if (entry.key.empty() || entry.key.size() > limit) {
-        throw Error::InvalidArgument("key '" + entry.key.substr(0, 80) + "' for db '" +
-                                     db_.name() + "' must be 1 to " + std::to_string(limit) +
-                                     " bytes");
+        throw Error::InvalidArgument("key '" + entry.key.substr(0, 80) + "' for db '" + db_.name() +
+                                     "' must be 1 to " + std::to_string(limit) + " bytes");
     }
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back(std::move(entry));

@@ -96,7 +96,8 @@ std::string ContentKey::hex() const {
     return hex_of(XXH3_128bits_digest(s.get()));
 }
 
-std::string content_key_of(std::string_view source, const std::map<std::string, std::string>& params) {
+std::string content_key_of(std::string_view source,
+                           const std::map<std::string, std::string>& params) {
     ContentKey key;
     key.add_source(source);
     for (const auto& [name, value] : params) key.add_param(name, value);

@@ -51,7 +51,8 @@ std::string content_key_of_file(const std::string& path,
                                 const std::map<std::string, std::string>& params);
 
 // Key of an in-memory source (a caption, an encoded image) with transform parameters.
-std::string content_key_of(std::string_view source, const std::map<std::string, std::string>& params);
+std::string content_key_of(std::string_view source,
+                           const std::map<std::string, std::string>& params);
 
 // XXH3-128 of `bytes` as 32 hex characters: a plain checksum, not a content key.
 std::string xxh3_128_hex(std::string_view bytes);

@@ -41,18 +41,25 @@ MDB_val to_val(std::string_view s) { return MDB_val{s.size(), const_cast<char*>(
 Error lmdb_error(const std::string& what, int rc) {
     std::string text = what + ": " + mdb_strerror(rc);
     switch (rc) {
-        case MDB_MAP_FULL: return Error::IOError(text);
+        case MDB_MAP_FULL:
+            return Error::IOError(text);
         case MDB_CORRUPTED:
         case MDB_PAGE_NOTFOUND:
         case MDB_INVALID:
-        case MDB_VERSION_MISMATCH: return Error::Corruption(text);
+        case MDB_VERSION_MISMATCH:
+            return Error::Corruption(text);
         case MDB_READERS_FULL:
             return Error::IOError(text + " (too many open read transactions in this process)");
-        case MDB_TXN_FULL: return Error::IOError(text + " (write batch too large)");
-        case ENOSPC: return Error::IOError("disk full: " + text);
-        case ENOMEM: return Error::OutOfMemory(text);
-        case ENOENT: return Error::NotFound(text);
-        default: return Error::IOError(text);
+        case MDB_TXN_FULL:
+            return Error::IOError(text + " (write batch too large)");
+        case ENOSPC:
+            return Error::IOError("disk full: " + text);
+        case ENOMEM:
+            return Error::OutOfMemory(text);
+        case ENOENT:
+            return Error::NotFound(text);
+        default:
+            return Error::IOError(text);
     }
 }
 
@@ -68,7 +75,11 @@ std::shared_ptr<LMDBEnv> LMDBEnv::open(const std::string& dir, const LMDBOptions
         fs::create_directories(dir, ec);
         if (ec) throw Error::IOError("creating cache directory " + dir + ": " + ec.message());
     }
-    if (!fs::is_directory(dir, ec)) throw Error::NotFound("cache directory " + dir + " does not exist");
+    if (!fs::is_directory(dir, ec))
+        throw Error::NotFound("cache directory " + dir + " does not exist");
+    if ((options.read_only || !options.create) && !fs::exists(fs::path(dir) / "data.mdb", ec)) {
+        throw Error::NotFound(dir + " holds no LMDB env (no data.mdb)");
+    }
     std::string key = fs::canonical(dir, ec).string();
     if (ec) throw Error::IOError("resolving " + dir + ": " + ec.message());
 
@@ -151,7 +162,8 @@ void LMDBEnv::exclusive(const std::function<void()>& resize) {
 void LMDBEnv::wait_for_resize() {
     if (resizes_waiting_.load() == 0) return;
     std::unique_lock<std::mutex> lock(gate_mutex_);
-    gate_.wait_for(lock, std::chrono::milliseconds(200), [&] { return resizes_waiting_.load() == 0; });
+    gate_.wait_for(lock, std::chrono::milliseconds(200),
+                   [&] { return resizes_waiting_.load() == 0; });
 }
 
 void LMDBEnv::adopt_map_size() {
@@ -282,9 +294,8 @@ std::optional<std::string_view> LMDBTxn::get(const LMDBDb& db, std::string_view 
     int rc = mdb_get(txn_, db.dbi(), &k, &v);
     if (rc == MDB_NOTFOUND) return std::nullopt;
     if (rc != 0) {
-        throw_lmdb_error("reading key " + short_key(key) + " of db '" + db.name() + "' in " +
-                             env_->dir_,
-                         rc);
+        throw_lmdb_error(
+            "reading key " + short_key(key) + " of db '" + db.name() + "' in " + env_->dir_, rc);
     }
     return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
 }
@@ -299,9 +310,8 @@ void LMDBTxn::put(const LMDBDb& db, std::string_view key, std::string_view value
     MDB_val v = to_val(value);
     int rc = mdb_put(txn_, db.dbi(), &k, &v, 0);
     if (rc != 0) {
-        throw_lmdb_error("writing key " + short_key(key) + " of db '" + db.name() + "' in " +
-                             env_->dir_,
-                         rc);
+        throw_lmdb_error(
+            "writing key " + short_key(key) + " of db '" + db.name() + "' in " + env_->dir_, rc);
     }
 }
 
@@ -311,9 +321,8 @@ bool LMDBTxn::del(const LMDBDb& db, std::string_view key) {
     int rc = mdb_del(txn_, db.dbi(), &k, nullptr);
     if (rc == MDB_NOTFOUND) return false;
     if (rc != 0) {
-        throw_lmdb_error("deleting key " + short_key(key) + " of db '" + db.name() + "' in " +
-                             env_->dir_,
-                         rc);
+        throw_lmdb_error(
+            "deleting key " + short_key(key) + " of db '" + db.name() + "' in " + env_->dir_, rc);
     }
     return true;
 }

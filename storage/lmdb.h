@@ -9,8 +9,10 @@
 //   thread that holds a write transaction must not begin another one, or it waits forever.
 // - The map is grown, never tuned by the user: LMDBEnv::write() catches MDB_MAP_FULL, aborts,
 //   doubles the map and runs the transaction body again. Growing the map needs every transaction
-//   of this process closed, so it waits for open readers to finish: do not keep a read
-//   transaction open on a thread that writes, and keep read transactions short while writing.
+//   of this process closed, so it waits for open readers to finish (new ones are held back a
+//   moment meanwhile): do not keep a read transaction open on a thread that writes, and keep read
+//   transactions short while another thread writes. Another process growing the map is
+//   followed automatically (MDB_MAP_RESIZED).
 #pragma once
 
 #include <lmdb.h>
@@ -38,7 +40,7 @@ struct LMDBOptions {
     // Address space only: the file grows with the data, and the map doubles when it fills.
     size_t initial_map_size = size_t{1} << 30;
     bool read_only = false;
-    bool create = true;  // create the directory when missing (ignored when read_only)
+    bool create = true;  // create the directory and env when missing (ignored when read_only)
 };
 
 // Thrown by a put or commit that found the map full. LMDBEnv::write() catches it and grows the
@@ -190,7 +192,8 @@ private:
 
 // sf::Error for an LMDB return code; `what` says what was being done, and on which file or key.
 Error lmdb_error(const std::string& what, int rc);
-// Throws lmdb_error(what, rc), or LMDBMapFull for MDB_MAP_FULL (which a returned Error would slice).
+// Throws lmdb_error(what, rc), or LMDBMapFull for MDB_MAP_FULL (which a returned Error would
+// slice).
 [[noreturn]] void throw_lmdb_error(const std::string& what, int rc);
 
 }  // namespace sf::storage

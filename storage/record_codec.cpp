@@ -47,7 +47,8 @@ uint64_t check_frame(std::string_view frame, const std::string& key) {
     if (ZSTD_isError(rc)) {
         throw corrupt(key, std::string("not a zstd frame: ") + ZSTD_getErrorName(rc));
     }
-    if (rc > 0) throw corrupt(key, std::to_string(frame.size()) + " bytes, a truncated frame header");
+    if (rc > 0)
+        throw corrupt(key, std::to_string(frame.size()) + " bytes, a truncated frame header");
     if (header.frameType != ZSTD_frame) throw corrupt(key, "a skippable frame, not a record");
     if (!header.checksumFlag) throw corrupt(key, "the frame has no content checksum");
     if (header.frameContentSize == ZSTD_CONTENTSIZE_UNKNOWN ||
@@ -97,11 +98,12 @@ Plain decompress(std::string_view frame, const std::string& key) {
     uint64_t content_size = check_frame(frame, key);
     size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
     if (ZSTD_isError(frame_size)) {
-        throw corrupt(key, std::string("damaged or truncated frame: ") + ZSTD_getErrorName(frame_size));
+        throw corrupt(key,
+                      std::string("damaged or truncated frame: ") + ZSTD_getErrorName(frame_size));
     }
     if (frame_size != frame.size()) {
-        throw corrupt(key, std::to_string(frame.size() - frame_size) +
-                               " bytes follow the end of the frame");
+        throw corrupt(
+            key, std::to_string(frame.size() - frame_size) + " bytes follow the end of the frame");
     }
     // The blocks bound what the frame can produce; a content size above it is a damaged header.
     unsigned long long bound = ZSTD_decompressBound(frame.data(), frame.size());

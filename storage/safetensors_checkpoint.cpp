@@ -1,5 +1,6 @@
 // SafetensorsCheckpoint: one file, or shards named by a Hugging Face style index:
-//   {"metadata": {"total_size": ...}, "weight_map": {"tensor.name": "model-00001-of-00002.safetensors"}}
+//   {"metadata": {"total_size": ...}, "weight_map": {"tensor.name":
+//   "model-00001-of-00002.safetensors"}}
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -14,7 +15,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // A directory names its checkpoint by holding exactly one index, or else exactly one file.
@@ -36,7 +38,8 @@ std::string resolve_directory(const std::string& dir) {
 
 }  // namespace
 
-SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in, ChecksumPolicy policy) {
+SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in,
+                                                  ChecksumPolicy policy) {
     std::error_code ec;
     std::string path = fs::is_directory(path_in, ec) ? resolve_directory(path_in) : path_in;
     SafetensorsCheckpoint checkpoint;
@@ -72,7 +75,8 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in, Ch
     std::map<std::string, size_t> shard_index;
     for (const auto& [name, file] : weight_map->items()) {
         if (!file.is_string()) {
-            throw Error::Corruption(path + ": weight_map entry of '" + name + "' is not a file name");
+            throw Error::Corruption(path + ": weight_map entry of '" + name +
+                                    "' is not a file name");
         }
         std::string shard = file.get<std::string>();
         // Shards live beside the index; anything else is a damaged or hostile index.

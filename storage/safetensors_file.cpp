@@ -40,7 +40,8 @@ bool is_hex_digest(const std::string& s) {
 size_t find_digest(std::string_view header_bytes, const std::string& digest) {
     std::string needle = std::string("\"") + kSafetensorsChecksumKey + "\":\"" + digest + "\"";
     size_t pos = header_bytes.find(needle);
-    if (pos == std::string_view::npos || header_bytes.find(needle, pos + 1) != std::string_view::npos) {
+    if (pos == std::string_view::npos ||
+        header_bytes.find(needle, pos + 1) != std::string_view::npos) {
         return std::string_view::npos;
     }
     return pos + needle.size() - 1 - digest.size();
@@ -120,7 +121,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, ChecksumPolicy po
         throw err == ENOENT ? Error::NotFound(text) : Error::IOError(text);
     }
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) throw Error::IOError("stat of " + path + ": " + errno_text(errno));
+    if (::fstat(fd.get(), &st) != 0)
+        throw Error::IOError("stat of " + path + ": " + errno_text(errno));
     SafetensorsFile file;
     file.path_ = path;
     file.mapping_ = std::make_unique<Mapping>();
@@ -170,8 +172,10 @@ TensorData SafetensorsFile::read(const std::string& name) const {
 
 size_t SafetensorsFile::file_size() const { return mapping_->size; }
 
-void write_safetensors_file(const std::string& path, const std::map<std::string, TensorView>& tensors,
-                            const std::map<std::string, std::string>& metadata, bool with_checksum) {
+void write_safetensors_file(const std::string& path,
+                            const std::map<std::string, TensorView>& tensors,
+                            const std::map<std::string, std::string>& metadata,
+                            bool with_checksum) {
     std::map<std::string, std::string> meta = metadata;
     if (with_checksum) {
         meta[kSafetensorsChecksumKey] = kZeroDigest;

@@ -87,8 +87,10 @@ private:
 
 // Writes a safetensors file atomically (temporary file, fsync, rename, directory fsync), with the
 // checksum entry unless `with_checksum` is false. Tensors are streamed, not copied into a buffer.
-void write_safetensors_file(const std::string& path, const Record& record, bool with_checksum = true);
-void write_safetensors_file(const std::string& path, const std::map<std::string, TensorView>& tensors,
+void write_safetensors_file(const std::string& path, const Record& record,
+                            bool with_checksum = true);
+void write_safetensors_file(const std::string& path,
+                            const std::map<std::string, TensorView>& tensors,
                             const std::map<std::string, std::string>& metadata,
                             bool with_checksum = true);
 

@@ -79,9 +79,10 @@ TensorInfo parse_entry(const std::string& name, const json& entry, uint64_t data
     auto nbytes = checked_nbytes(info.shape, info.dtype);
     if (!nbytes) throw fail("has a shape too large to address: " + shape_text(info.shape));
     if (info.end - info.begin != *nbytes) {
-        throw fail("has data_offsets " + range + " holding " + std::to_string(info.end - info.begin) +
-                   " bytes, but shape " + shape_text(info.shape) + " of " +
-                   dtype_name(info.dtype) + " needs " + std::to_string(*nbytes));
+        throw fail("has data_offsets " + range + " holding " +
+                   std::to_string(info.end - info.begin) + " bytes, but shape " +
+                   shape_text(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
+                   std::to_string(*nbytes));
     }
     return info;
 }
@@ -151,7 +152,8 @@ SafetensorsLayout parse_safetensors(std::string_view buffer, const std::string& 
     uint64_t data_size = buffer.size() - layout.data_offset;
     for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
-            if (!entry.is_object()) throw Error::Corruption(where + ": __metadata__ is not an object");
+            if (!entry.is_object())
+                throw Error::Corruption(where + ": __metadata__ is not an object");
             for (const auto& [key, value] : entry.items()) {
                 if (!value.is_string()) {
                     throw Error::Corruption(where + ": __metadata__ value of '" + key +

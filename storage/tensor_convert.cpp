@@ -11,16 +11,26 @@ namespace {
 
 DType dtype_of(const at::Tensor& tensor) {
     switch (tensor.scalar_type()) {
-        case at::kFloat: return DType::kF32;
-        case at::kBFloat16: return DType::kBF16;
-        case at::kHalf: return DType::kF16;
-        case at::kLong: return DType::kI64;
-        case at::kInt: return DType::kI32;
-        case at::kByte: return DType::kU8;
-        case at::kBool: return DType::kBool;
-        case at::kDouble: return DType::kF64;
-        case at::kShort: return DType::kI16;
-        case at::kChar: return DType::kI8;
+        case at::kFloat:
+            return DType::kF32;
+        case at::kBFloat16:
+            return DType::kBF16;
+        case at::kHalf:
+            return DType::kF16;
+        case at::kLong:
+            return DType::kI64;
+        case at::kInt:
+            return DType::kI32;
+        case at::kByte:
+            return DType::kU8;
+        case at::kBool:
+            return DType::kBool;
+        case at::kDouble:
+            return DType::kF64;
+        case at::kShort:
+            return DType::kI16;
+        case at::kChar:
+            return DType::kI8;
         default:
             throw Error::InvalidArgument(std::string("tensor dtype ") +
                                          c10::toString(tensor.scalar_type()) +
@@ -30,16 +40,26 @@ DType dtype_of(const at::Tensor& tensor) {
 
 at::ScalarType scalar_type_of(DType dtype) {
     switch (dtype) {
-        case DType::kF32: return at::kFloat;
-        case DType::kBF16: return at::kBFloat16;
-        case DType::kF16: return at::kHalf;
-        case DType::kI64: return at::kLong;
-        case DType::kI32: return at::kInt;
-        case DType::kU8: return at::kByte;
-        case DType::kBool: return at::kBool;
-        case DType::kF64: return at::kDouble;
-        case DType::kI16: return at::kShort;
-        case DType::kI8: return at::kChar;
+        case DType::kF32:
+            return at::kFloat;
+        case DType::kBF16:
+            return at::kBFloat16;
+        case DType::kF16:
+            return at::kHalf;
+        case DType::kI64:
+            return at::kLong;
+        case DType::kI32:
+            return at::kInt;
+        case DType::kU8:
+            return at::kByte;
+        case DType::kBool:
+            return at::kBool;
+        case DType::kF64:
+            return at::kDouble;
+        case DType::kI16:
+            return at::kShort;
+        case DType::kI8:
+            return at::kChar;
     }
     throw Error::InvalidArgument("unknown DType value " + std::to_string(static_cast<int>(dtype)));
 }
@@ -47,7 +67,8 @@ at::ScalarType scalar_type_of(DType dtype) {
 }  // namespace
 
 TensorData to_tensor_data(const at::Tensor& tensor) {
-    at::Tensor cpu = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
+    at::Tensor cpu =
+        tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
     TensorData out;
     out.dtype = dtype_of(cpu);
     out.shape.assign(cpu.sizes().begin(), cpu.sizes().end());

@@ -14,9 +14,9 @@ struct DTypeEntry {
 
 // The names are the safetensors format's and are part of the on-disk format: never change them.
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kF32, "F32", 4}, {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
-    {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},   {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1}, {DType::kF64, "F64", 8}, {DType::kI16, "I16", 2},
+    {DType::kF32, "F32", 4},   {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
+    {DType::kI64, "I64", 8},   {DType::kI32, "I32", 4},   {DType::kU8, "U8", 1},
+    {DType::kBool, "BOOL", 1}, {DType::kF64, "F64", 8},   {DType::kI16, "I16", 2},
     {DType::kI8, "I8", 1},
 };
 
@@ -76,7 +76,8 @@ Record decode_safetensors(std::string_view buffer, const std::string& where) {
         TensorData tensor;
         tensor.dtype = info.dtype;
         tensor.shape = std::move(info.shape);
-        tensor.bytes = std::string(buffer.substr(layout.data_offset + info.begin, info.end - info.begin));
+        tensor.bytes =
+            std::string(buffer.substr(layout.data_offset + info.begin, info.end - info.begin));
         if (tensor.dtype == DType::kBool) check_bool_bytes(tensor.bytes, where, name);
         record.tensors.emplace(name, std::move(tensor));
     }

@@ -70,8 +70,7 @@ std::string encode_safetensors(const std::map<std::string, TensorView>& tensors,
 // (header length, JSON, dtype names, offsets outside the buffer, offsets that disagree with
 // shape * itemsize, gaps or overlaps, bool bytes other than 0/1) throws kCorruption naming
 // `where` and what is wrong.
-Record decode_safetensors(std::string_view buffer,
-                          const std::string& where = "safetensors buffer");
+Record decode_safetensors(std::string_view buffer, const std::string& where = "safetensors buffer");
 
 // --- The cache's record form (record_codec.cpp) -------------------------------------------------
 

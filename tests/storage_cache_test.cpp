@@ -17,7 +17,9 @@ using testing::error_code_of;
 using testing::pattern_tensor;
 using testing::TempDir;
 
-std::string key_of(int i) { return content_key_of("sample-" + std::to_string(i), {{"size", "64"}}); }
+std::string key_of(int i) {
+    return content_key_of("sample-" + std::to_string(i), {{"size", "64"}});
+}
 
 Record record_of(int i) {
     Record r;
@@ -41,18 +43,22 @@ TEST(StorageCache, OpenWritesFormatVersionAndReopens) {
 TEST(StorageCache, FingerprintCreatedMatchedAndMismatchNamesTheField) {
     TempDir dir;
     Cache cache = Cache::open(dir.path());
-    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false), FingerprintStatus::kCreated);
-    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false), FingerprintStatus::kMatched);
+    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false),
+              FingerprintStatus::kCreated);
+    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false),
+              FingerprintStatus::kMatched);
     EXPECT_EQ(cache.fingerprint("encode_vae"), kVae);
 
     Fingerprint other = kVae;
     other["resolution"] = "2048";
     other["vae"] = "abc";
     std::string message;
-    EXPECT_EQ(error_code_of([&] { cache.ensure_fingerprint("encode_vae", other, {"latents"}, false); },
-                            &message),
-              ErrorCode::kInvalidArgument);
-    EXPECT_NE(message.find("resolution: cache has 1024, run wants 2048"), std::string::npos) << message;
+    EXPECT_EQ(
+        error_code_of([&] { cache.ensure_fingerprint("encode_vae", other, {"latents"}, false); },
+                      &message),
+        ErrorCode::kInvalidArgument);
+    EXPECT_NE(message.find("resolution: cache has 1024, run wants 2048"), std::string::npos)
+        << message;
     EXPECT_NE(message.find("vae: cache has nothing, run wants abc"), std::string::npos) << message;
     EXPECT_EQ(message.find("dtype:"), std::string::npos) << "equal fields are not listed";
     EXPECT_NE(message.find("--rebuild"), std::string::npos) << message;
@@ -75,7 +81,8 @@ TEST(StorageCache, RebuildDropsTheStageRecordsAndRejects) {
     }
     Fingerprint other = kVae;
     other["resolution"] = "512";
-    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", other, {"latents"}, true), FingerprintStatus::kRebuilt);
+    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", other, {"latents"}, true),
+              FingerprintStatus::kRebuilt);
     EXPECT_EQ(cache.fingerprint("encode_vae"), other);
     EXPECT_EQ(CacheReader(cache, "latents").count(), 0u);
     EXPECT_EQ(CacheReader(cache, "text").count(), 1u) << "other stages are untouched";
@@ -88,11 +95,13 @@ TEST(StorageCache, RecordsWithoutFingerprintAreRefused) {
     Cache cache = Cache::open(dir.path());
     { CacheWriter(cache, "latents", 4).put(key_of(1), record_of(1)); }
     std::string message;
-    EXPECT_EQ(error_code_of([&] { cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false); },
-                            &message),
-              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(
+        error_code_of([&] { cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, false); },
+                      &message),
+        ErrorCode::kInvalidArgument);
     EXPECT_NE(message.find("no fingerprint"), std::string::npos) << message;
-    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, true), FingerprintStatus::kRebuilt);
+    EXPECT_EQ(cache.ensure_fingerprint("encode_vae", kVae, {"latents"}, true),
+              FingerprintStatus::kRebuilt);
 }
 
 TEST(StorageCache, WriterCommitsInBatchesAndOnFlush) {

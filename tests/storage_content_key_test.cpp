@@ -22,8 +22,14 @@ TEST(StorageContentKey, IsStableHexOf32Chars) {
 }
 
 TEST(StorageContentKey, DependsOnSourceAndParamsNotOnOrderOrChunks) {
-    std::string a = ContentKey().add_source("abc").add_param("w", int64_t{64}).add_param("h", "32").hex();
-    std::string b = ContentKey().add_param("h", "32").add_source("a").add_source("bc").add_param("w", int64_t{64}).hex();
+    std::string a =
+        ContentKey().add_source("abc").add_param("w", int64_t{64}).add_param("h", "32").hex();
+    std::string b = ContentKey()
+                        .add_param("h", "32")
+                        .add_source("a")
+                        .add_source("bc")
+                        .add_param("w", int64_t{64})
+                        .hex();
     EXPECT_EQ(a, b);
     EXPECT_NE(a, content_key_of("abd", {{"w", "64"}, {"h", "32"}}));
     EXPECT_NE(a, content_key_of("abc", {{"w", "64"}, {"h", "33"}}));
@@ -33,7 +39,8 @@ TEST(StorageContentKey, DependsOnSourceAndParamsNotOnOrderOrChunks) {
     EXPECT_NE(content_key_of("x", {}), content_key_of("", {{"x", ""}}));
     EXPECT_EQ(error_code_of([] { ContentKey().add_param("a", "1").add_param("a", "2"); }),
               ErrorCode::kInvalidArgument);
-    EXPECT_NE(ContentKey().add_param("scale", 0.1).hex(), ContentKey().add_param("scale", 0.1000001).hex());
+    EXPECT_NE(ContentKey().add_param("scale", 0.1).hex(),
+              ContentKey().add_param("scale", 0.1000001).hex());
 }
 
 TEST(StorageContentKey, FileKeyFollowsContentNotName) {
@@ -75,7 +82,8 @@ TEST(StorageFingerprint, JsonRoundTripAndDiff) {
     EXPECT_NE(message.find("stage 'decode_image'"), std::string::npos) << message;
     EXPECT_NE(message.find("--rebuild"), std::string::npos) << message;
     EXPECT_EQ(error_code_of([] { fingerprint_from_json("[1]", "x"); }), ErrorCode::kCorruption);
-    EXPECT_EQ(error_code_of([] { fingerprint_from_json("{\"a\":1}", "x"); }), ErrorCode::kCorruption);
+    EXPECT_EQ(error_code_of([] { fingerprint_from_json("{\"a\":1}", "x"); }),
+              ErrorCode::kCorruption);
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 //
 // The child is this test binary run again with a gtest filter and an environment variable (not a
 // fork: forking a process that may hold LibTorch's threads is unsafe).
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -34,7 +34,9 @@ constexpr const char* kChildTest = "StorageCrash.WriterRunCompletesTheSet";
 constexpr int kRecords = 1000;
 constexpr size_t kBatch = 8;
 
-std::string crash_key(int i) { return content_key_of("clip-" + std::to_string(i), {{"test", "crash"}}); }
+std::string crash_key(int i) {
+    return content_key_of("clip-" + std::to_string(i), {{"test", "crash"}});
+}
 
 Record crash_record(int i) {
     Record r;
@@ -157,12 +159,14 @@ TEST(StorageCrash, KilledWriterLeavesWholeBatchesAndRerunCompletes) {
         size_t before = count;
         count = check_committed(dir.path());
         EXPECT_GE(count, before);
-        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && count < static_cast<size_t>(kRecords)) {
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
+            count < static_cast<size_t>(kRecords)) {
             ++killed_mid_run;
             EXPECT_EQ(count % kBatch, 0u) << "a killed run leaves whole batches only";
         } else {
             ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-                << "child failed:\n" << read_file(child_log(dir.path()));
+                << "child failed:\n"
+                << read_file(child_log(dir.path()));
         }
     }
     EXPECT_GE(killed_mid_run, 3) << "the child finished before it could be killed";
@@ -170,8 +174,8 @@ TEST(StorageCrash, KilledWriterLeavesWholeBatchesAndRerunCompletes) {
     pid_t pid = spawn_child(dir.path());
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "the rerun failed:\n" << read_file(child_log(dir.path()));
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the rerun failed:\n"
+                                                               << read_file(child_log(dir.path()));
     EXPECT_EQ(check_committed(dir.path()), static_cast<size_t>(kRecords));
 }
 

@@ -12,7 +12,9 @@ namespace {
 using testing::error_code_of;
 using testing::TempDir;
 
-std::string value_for(int i) { return std::string(static_cast<size_t>(100 + i % 50), static_cast<char>('a' + i % 26)); }
+std::string value_for(int i) {
+    return std::string(static_cast<size_t>(100 + i % 50), static_cast<char>('a' + i % 26));
+}
 
 TEST(StorageLMDB, OneEnvPerDirectory) {
     TempDir dir;
@@ -41,7 +43,10 @@ TEST(StorageLMDB, PutGetDeleteAndCursorOrder) {
     }
     EXPECT_EQ(order, "abc");
     txn.abort();
-    env->write([&](LMDBTxn& w) { EXPECT_TRUE(w.del(db, "a")); EXPECT_FALSE(w.del(db, "a")); });
+    env->write([&](LMDBTxn& w) {
+        EXPECT_TRUE(w.del(db, "a"));
+        EXPECT_FALSE(w.del(db, "a"));
+    });
     EXPECT_EQ(LMDBTxn(env, LMDBTxn::Mode::kRead).count(db), 2u);
     EXPECT_EQ(env->db_names(), std::vector<std::string>{"things"});
 }
@@ -81,7 +86,8 @@ TEST(StorageLMDB, MapGrowsWhenFull) {
     EXPECT_GT(env->map_size(), initial);
     LMDBTxn txn(env, LMDBTxn::Mode::kRead);
     EXPECT_EQ(txn.count(db), 1000u);
-    for (int i = 0; i < 1000; ++i) ASSERT_EQ(txn.get(db, std::to_string(i)), std::optional<std::string_view>(value));
+    for (int i = 0; i < 1000; ++i)
+        ASSERT_EQ(txn.get(db, std::to_string(i)), std::optional<std::string_view>(value));
 }
 
 TEST(StorageLMDB, ReadTransactionMovesBetweenThreads) {
@@ -106,8 +112,9 @@ TEST(StorageLMDB, KeyLimitsAndReadOnlyAreEnforced) {
     auto env = LMDBEnv::open(dir.path());
     LMDBDb db = *env->open_db("d", true);
     std::string message;
-    EXPECT_EQ(error_code_of([&] { env->write([&](LMDBTxn& t) { t.put(db, std::string(600, 'k'), "v"); }); },
-                            &message),
+    EXPECT_EQ(error_code_of(
+                  [&] { env->write([&](LMDBTxn& t) { t.put(db, std::string(600, 'k'), "v"); }); },
+                  &message),
               ErrorCode::kInvalidArgument);
     EXPECT_NE(message.find("db 'd'"), std::string::npos) << message;
     EXPECT_EQ(error_code_of([&] { env->write([&](LMDBTxn& t) { t.put(db, "", "v"); }); }),
@@ -117,7 +124,8 @@ TEST(StorageLMDB, KeyLimitsAndReadOnlyAreEnforced) {
     LMDBOptions read_only;
     read_only.read_only = true;
     auto ro = LMDBEnv::open(dir.path(), read_only);
-    EXPECT_EQ(error_code_of([&] { LMDBTxn(ro, LMDBTxn::Mode::kWrite); }), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_code_of([&] { LMDBTxn(ro, LMDBTxn::Mode::kWrite); }),
+              ErrorCode::kInvalidArgument);
     EXPECT_FALSE(ro->open_db("absent", false).has_value());
     EXPECT_EQ(error_code_of([&] { LMDBEnv::open(dir.path()); }), ErrorCode::kInvalidArgument);
 }
@@ -126,7 +134,8 @@ TEST(StorageLMDB, MissingDirectoryIsNotFoundWithoutCreate) {
     TempDir dir;
     LMDBOptions options;
     options.create = false;
-    EXPECT_EQ(error_code_of([&] { LMDBEnv::open(dir.file("nope"), options); }), ErrorCode::kNotFound);
+    EXPECT_EQ(error_code_of([&] { LMDBEnv::open(dir.file("nope"), options); }),
+              ErrorCode::kNotFound);
 }
 
 }  // namespace

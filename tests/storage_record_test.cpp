@@ -26,7 +26,7 @@ std::string raw_safetensors(const std::string& header, const std::string& data) 
 
 TEST(StorageRecord, DTypeNamesAreTheSafetensorsOnes) {
     const std::pair<DType, const char*> expected[] = {
-        {DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"}, {DType::kI64, "I64"},
+        {DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"},  {DType::kI64, "I64"},
         {DType::kI32, "I32"}, {DType::kU8, "U8"},     {DType::kBool, "BOOL"}};
     for (const auto& [dtype, name] : expected) {
         EXPECT_STREQ(dtype_name(dtype), name);

@@ -94,8 +94,9 @@ TEST(StorageSafetensorsFile, TruncatedFileIsCorruption) {
     for (size_t n = 0; n < good.size(); ++n) {
         write_plain(dir.file("t.safetensors"), good.substr(0, n));
         for (auto policy : {ChecksumPolicy::kVerifyIfPresent, ChecksumPolicy::kSkip}) {
-            ASSERT_EQ(error_code_of([&] { SafetensorsFile::open(dir.file("t.safetensors"), policy); }),
-                      ErrorCode::kCorruption)
+            ASSERT_EQ(
+                error_code_of([&] { SafetensorsFile::open(dir.file("t.safetensors"), policy); }),
+                ErrorCode::kCorruption)
                 << n << " bytes";
         }
     }
@@ -108,7 +109,8 @@ TEST(StorageSafetensorsFile, HeaderFaultsAreCorruption) {
         std::memcpy(bytes.data(), &length, 8);
         write_file_atomic(dir.file("h.safetensors"), bytes + header + data);
         std::string message;
-        auto code = error_code_of([&] { SafetensorsFile::open(dir.file("h.safetensors")); }, &message);
+        auto code =
+            error_code_of([&] { SafetensorsFile::open(dir.file("h.safetensors")); }, &message);
         EXPECT_EQ(code, ErrorCode::kCorruption) << header;
         return message;
     };
@@ -130,12 +132,11 @@ TEST(StorageSafetensorsFile, FileWithoutChecksumOpensUnlessRequired) {
     EXPECT_FALSE(f.has_checksum());
     EXPECT_EQ(f.read("i64"), r.tensors.at("i64"));
     std::string message;
-    EXPECT_EQ(error_code_of(
-                  [&] {
-                      SafetensorsFile::open(dir.file("plain.safetensors"), ChecksumPolicy::kRequire);
-                  },
-                  &message),
-              ErrorCode::kCorruption);
+    EXPECT_EQ(
+        error_code_of(
+            [&] { SafetensorsFile::open(dir.file("plain.safetensors"), ChecksumPolicy::kRequire); },
+            &message),
+        ErrorCode::kCorruption);
     EXPECT_NE(message.find("sanaflow.xxh3_128"), std::string::npos);
 }
 
@@ -189,8 +190,9 @@ TEST(StorageSafetensorsFile, IndexFaultsAreCorruption) {
     auto open_index = [&](const std::string& text) {
         write_file_atomic(dir.file("x.safetensors.index.json"), text);
         std::string message;
-        EXPECT_EQ(error_code_of([&] { SafetensorsCheckpoint::open(dir.file("x.safetensors.index.json")); },
-                                &message),
+        EXPECT_EQ(error_code_of(
+                      [&] { SafetensorsCheckpoint::open(dir.file("x.safetensors.index.json")); },
+                      &message),
                   ErrorCode::kCorruption)
             << text;
         return message;

@@ -58,7 +58,8 @@ inline TensorData pattern_tensor(DType dtype, std::vector<int64_t> shape, uint32
     std::mt19937 rng(seed);
     t.bytes.resize(n);
     for (size_t i = 0; i < n; ++i) {
-        unsigned char b = (i % 7 < 3) ? static_cast<unsigned char>(rng()) : static_cast<unsigned char>(i / 7);
+        unsigned char b =
+            (i % 7 < 3) ? static_cast<unsigned char>(rng()) : static_cast<unsigned char>(i / 7);
         t.bytes[i] = static_cast<char>(dtype == DType::kBool ? (b & 1) : b);
     }
     return t;
