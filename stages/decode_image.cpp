@@ -11,6 +11,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <system_error>
+#include <utility>
 
 #include "core/check.h"
 #include "core/error.h"
@@ -137,9 +138,18 @@ const std::array<float, 256>& normalize_table() {
 }
 
 // Interleaved BGR rows -> planar RGB [3, H, W] tensor.
-at::Tensor to_tensor(const cv::Mat& bgr, bool output_uint8) {
+at::Tensor to_tensor(const cv::Mat& bgr, bool output_uint8, const at::Tensor& reuse) {
     const int64_t height = bgr.rows, width = bgr.cols, plane = height * width;
-    at::Tensor pixels = at::empty({3, height, width}, output_uint8 ? at::kByte : at::kFloat);
+    const at::ScalarType dtype = output_uint8 ? at::kByte : at::kFloat;
+    const auto bytes = static_cast<size_t>(3 * plane * (output_uint8 ? 1 : 4));
+    at::Tensor pixels;
+    if (reuse.defined() && reuse.device().is_cpu() && reuse.scalar_type() == dtype &&
+        reuse.is_contiguous() && reuse.storage_offset() == 0 && reuse.storage().nbytes() >= bytes) {
+        pixels = reuse;
+        pixels.resize_({3, height, width});  // within capacity: no reallocation
+    } else {
+        pixels = at::empty({3, height, width}, dtype);
+    }
     if (output_uint8) {
         uint8_t* r = pixels.data_ptr<uint8_t>();
         for (int64_t y = 0; y < height; ++y) {
@@ -212,7 +222,7 @@ std::string DecodeImageStage::fingerprint() const {
            (config_.output_uint8 ? "rgb-u8" : "rgb-f32[-1,1]");
 }
 
-DecodedImage DecodeImageStage::run(const std::string& path) const {
+DecodedImage DecodeImageStage::run(const std::string& path, at::Tensor reuse) const {
     auto errno_text = [] { return std::error_code(errno, std::generic_category()).message(); };
     std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
     if (!file) reject(path, "cannot read file (" + errno_text() + ")");
@@ -228,7 +238,7 @@ DecodedImage DecodeImageStage::run(const std::string& path) const {
     if (!bytes.empty() && std::fread(bytes.data(), 1, bytes.size(), file.get()) != bytes.size()) {
         reject(path, "cannot read file (" + errno_text() + ")");
     }
-    return run_bytes(bytes, path);
+    return run_bytes(bytes, path, std::move(reuse));
 }
 
 namespace {
@@ -272,7 +282,8 @@ ImageHeader checked_header(const std::string& bytes, const std::string& name,
 }  // namespace
 
 DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
-                                         const std::string& name_for_errors) const {
+                                         const std::string& name_for_errors,
+                                         at::Tensor reuse) const {
     const std::string& name = name_for_errors;
     const ImageHeader header = checked_header(bytes, name, config_);
     const int64_t width = header.width, height = header.height;
@@ -352,7 +363,7 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
              "decode_image: result differs from the bucket size");
 
     DecodedImage out;
-    out.pixels = to_tensor(oriented, config_.output_uint8);
+    out.pixels = to_tensor(oriented, config_.output_uint8, reuse);
     out.bucket_h = bucket.height;
     out.bucket_w = bucket.width;
     out.bucket_ratio = bucket.ratio;

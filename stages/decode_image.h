@@ -53,9 +53,14 @@ public:
     // Throws sf::Error kInvalidArgument naming the bad field.
     explicit DecodeImageStage(DecodeImageConfig config);
 
-    DecodedImage run(const std::string& path) const;
+    // `reuse`: an optional CPU tensor whose memory the result may take over (its contents are
+    // lost), used when it is contiguous, of the output dtype and large enough. A graph that
+    // recycles pixel buffers saves the allocation: on these VMs first touching a fresh 11.5 MB
+    // float tensor costs ~15 ms of page faults, more than decoding a 640x480 JPEG.
+    DecodedImage run(const std::string& path, at::Tensor reuse = {}) const;
     // `bytes` is the whole file; `name_for_errors` prefixes every reject reason.
-    DecodedImage run_bytes(const std::string& bytes, const std::string& name_for_errors) const;
+    DecodedImage run_bytes(const std::string& bytes, const std::string& name_for_errors,
+                           at::Tensor reuse = {}) const;
 
     const DecodeImageConfig& config() const { return config_; }
     // Changes whenever the output for the same input would: the bucket table, the resampling,

@@ -2,6 +2,7 @@
 // input rejected with its reason, and a header bomb rejected before anything is allocated.
 #if defined(SANAFLOW_WITH_MEDIA)
 
+#include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -426,6 +427,26 @@ TEST(DecodeImage, UnicodePathAndConcurrentCalls) {
     for (auto& r : results) threads.emplace_back([&] { r = s.run(path); });
     for (auto& t : threads) t.join();
     for (const auto& r : results) EXPECT_TRUE(r.pixels.equal(one.pixels));
+}
+
+TEST(DecodeImage, ReusedBufferIsFilledInPlace) {
+    const std::string png = encode(".png", cv::Mat(300, 400, CV_8UC3, cv::Scalar(0, 0, 255)));
+    const DecodeImageStage s = stage(512);
+    const DecodedImage fresh = s.run_bytes(png, "fresh");
+    at::Tensor buffer = at::empty({3, 600, 600}, at::kFloat);  // any shape with enough room
+    const void* memory = buffer.data_ptr();
+    const DecodedImage reused = s.run_bytes(png, "reused", buffer);
+    EXPECT_EQ(reused.pixels.data_ptr(), memory);
+    EXPECT_EQ(reused.pixels.sizes(), fresh.pixels.sizes());
+    EXPECT_TRUE(reused.pixels.equal(fresh.pixels));
+    // Too small, or the wrong dtype: a new tensor, the buffer untouched.
+    const at::Tensor unusable_buffers[] = {at::empty({3, 8, 8}, at::kFloat),
+                                           at::empty({3, 600, 600}, at::kByte)};
+    for (const at::Tensor& unusable : unusable_buffers) {
+        const DecodedImage d = s.run_bytes(png, "unusable", unusable);
+        EXPECT_NE(d.pixels.data_ptr(), unusable.data_ptr());
+        EXPECT_TRUE(d.pixels.equal(fresh.pixels));
+    }
 }
 
 TEST(DecodeImage, FingerprintFollowsWhatChangesTheOutput) {
