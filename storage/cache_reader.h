@@ -21,6 +21,7 @@ namespace sf::storage {
 
 using RecordVisitor = std::function<void(std::string_view key, std::string_view frame)>;
 
+// One LMDB read transaction: use it from one thread at a time (it may move between threads).
 class CacheSnapshot {
 public:
     bool contains(const std::string& key) const;

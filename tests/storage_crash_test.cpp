@@ -127,6 +127,7 @@ bool wait_for_count(const std::string& dir, pid_t pid, size_t target, int* statu
             if (!reader) {
                 CacheOptions options;
                 options.read_only = true;
+                options.initial_map_size = 64 << 10;  // so the child's growth outruns our map
                 reader.emplace(Cache::open(dir, options), "records");
             }
             if (reader->count() >= target) return false;
