@@ -11,7 +11,9 @@
 #include "core/memory.h"
 #include "pipelines/inspect.h"
 #include "pipelines/prep.h"
+#if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
+#endif
 
 namespace {
 
@@ -42,6 +44,7 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_flag("--rebuild", o.rebuild, "rebuild a stage whose fingerprint differs instead of refusing");
 }
 
+#if defined(SANAFLOW_WITH_MEDIA)
 int run_prep_command(const PrepOptions& o) {
     if (o.instance_data_dir.empty() && o.manifest.empty()) {
         throw sf::Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
@@ -51,12 +54,20 @@ int run_prep_command(const PrepOptions& o) {
     return 0;
 }
 
+#else
+// Built without OpenCV/FFmpeg (a GPU machine that trains from a cache): no decoding here.
+int run_prep_command(const PrepOptions&) {
+    throw sf::Error::InvalidArgument("this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: prep needs image decoding");
+}
+#endif
+
 int run_inspect_command(const std::string& cache, bool verify) {
     auto result = sf::pipelines::inspect_cache(cache, verify);
     std::cout << result.text;
     return result.ok ? 0 : 3;
 }
 
+#if defined(SANAFLOW_WITH_MEDIA)
 int run_demo_command(const std::string& out_dir, int num_images) {
     const fs::path root(out_dir);
     const fs::path data = root / "data";
@@ -80,6 +91,11 @@ int run_demo_command(const std::string& out_dir, int num_images) {
     std::cout << "\n== memory\n" << sf::mem::memory_log().table();
     return result.ok ? 0 : 3;
 }
+#else
+int run_demo_command(const std::string&, int) {
+    throw sf::Error::InvalidArgument("this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: the demo needs image decoding");
+}
+#endif
 
 }  // namespace
 
