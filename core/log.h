@@ -14,6 +14,11 @@ void set_log_level(LogLevel level);
 LogLevel log_level();
 void log_line(LogLevel level, const std::string& text);
 
+// A status line (a progress bar) kept at the bottom of a terminal on stderr: log lines printed
+// while it is shown clear it, print, and redraw it, so the two never garble each other.
+// An empty text removes it; `final` prints it once more and ends it with a newline.
+void set_status_line(const std::string& text, bool final = false);
+
 template <typename... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {
     if (log_level() <= LogLevel::kInfo) log_line(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));

@@ -154,9 +154,14 @@ void Progress::draw(bool final, int64_t now) {
     std::FILE* out = options_.out ? options_.out : stderr;
     if (mode_ == ProgressMode::kBar) {
         std::string line = format_progress_bar(name_, done, total, elapsed, terminal_columns(out));
-        // \x1b[K clears what a longer previous line left to the right.
-        std::fprintf(out, "\r%s\x1b[K%s", line.c_str(), final ? "\n" : "");
-        std::fflush(out);
+        if (options_.out == nullptr) {
+            // Through the logger, so log lines printed meanwhile keep the bar intact.
+            set_status_line(line, final);
+        } else {
+            // \x1b[K clears what a longer previous line left to the right.
+            std::fprintf(out, "\r%s\x1b[K%s", line.c_str(), final ? "\n" : "");
+            std::fflush(out);
+        }
         return;
     }
     std::string line = final ? format_progress_final(name_, done, total, elapsed)
