@@ -1,7 +1,9 @@
-// Helpers shared by the stages_*_test.cpp files: a temporary folder and whole-file I/O.
+// Helpers shared by the stages_*_test.cpp files: hand-made image bytes (PNG chunks, EXIF).
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,45 +13,6 @@
 #include <iterator>
 #include <string>
 #include <vector>
-
-namespace sf::test {
-
-// A fresh folder under the system temp dir, removed with everything in it on destruction.
-class TempDir {
-public:
-    TempDir() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "sf_stages_XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) std::abort();
-        path_ = pattern;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    const std::filesystem::path& path() const { return path_; }
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-private:
-    std::filesystem::path path_;
-};
-
-inline void write_file(const std::filesystem::path& path, const std::string& bytes) {
-    std::filesystem::create_directories(path.parent_path());
-    std::ofstream out(path, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    ASSERT_TRUE(out.good()) << path;
-}
-
-inline std::string read_file(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-}  // namespace sf::test
 
 namespace sf::test {
 

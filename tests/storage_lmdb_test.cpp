@@ -19,7 +19,7 @@ std::string value_for(int i) {
 TEST(StorageLMDB, OneEnvPerDirectory) {
     TempDir dir;
     auto a = LMDBEnv::open(dir.path());
-    auto b = LMDBEnv::open(dir.path() + "/.");
+    auto b = LMDBEnv::open(dir.file("."));
     EXPECT_EQ(a.get(), b.get());
 }
 

@@ -12,32 +12,11 @@
 
 #include "core/error.h"
 #include "storage/tensor_record.h"
+#include "test_util.h"
 
 namespace sf::storage::testing {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-class TempDir {
-public:
-    TempDir() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "sanaflow-storage-XXXXXX").string();
-        char* made = ::mkdtemp(pattern.data());
-        if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = made;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    const std::string& path() const { return path_; }
-    std::string file(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
+using sf::test::TempDir;
 
 template <typename T>
 TensorData make_tensor(DType dtype, std::vector<int64_t> shape, const std::vector<T>& values) {
