@@ -18,24 +18,14 @@ namespace sf::graph {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::as_int;
+using testing::count_to;
+using testing::quiet;
 using testing::with_watchdog;
 
 struct DiskFull : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
-
-LinearPipeline::SourceFn count_to(int64_t n) {
-    auto next = std::make_shared<int64_t>(0);
-    return [next, n](std::any& out) {
-        if (*next >= n) return false;
-        out = (*next)++;
-        return true;
-    };
-}
-
-int64_t as_int(const std::any& item) { return std::any_cast<int64_t>(item); }
-
-ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
 
 void expect_accounted(const RunStats& stats) {
     EXPECT_EQ(stats.produced, stats.completed + stats.rejected + stats.dropped);

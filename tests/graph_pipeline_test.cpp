@@ -17,21 +17,10 @@ namespace sf::graph {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::as_int;
+using testing::count_to;
+using testing::quiet;
 using testing::with_watchdog;
-
-// A source of the integers 0 .. n-1.
-LinearPipeline::SourceFn count_to(int64_t n) {
-    auto next = std::make_shared<int64_t>(0);
-    return [next, n](std::any& out) {
-        if (*next >= n) return false;
-        out = (*next)++;
-        return true;
-    };
-}
-
-int64_t as_int(const std::any& item) { return std::any_cast<int64_t>(item); }
-
-ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
 
 // The high-water mark of a counter that several threads move.
 struct InFlight {

@@ -7,7 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <any>
+#include <cstdint>
+#include <memory>
 #include <utility>
+
+#include "graph/pipeline.h"
 
 namespace sf::graph::testing {
 
@@ -27,5 +32,19 @@ auto with_watchdog(std::chrono::milliseconds limit, Fn fn) -> decltype(fn()) {
     }
     return future.get();
 }
+
+// A source of the integers 0 .. n-1.
+inline LinearPipeline::SourceFn count_to(int64_t n) {
+    auto next = std::make_shared<int64_t>(0);
+    return [next, n](std::any& out) {
+        if (*next >= n) return false;
+        out = (*next)++;
+        return true;
+    };
+}
+
+inline int64_t as_int(const std::any& item) { return std::any_cast<int64_t>(item); }
+
+inline ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
 
 }  // namespace sf::graph::testing
