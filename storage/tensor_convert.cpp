@@ -89,6 +89,17 @@ at::Tensor from_tensor_data(const TensorData& data) {
     return out;
 }
 
+at::Tensor wrap_view(const TensorView& view) {
+    const size_t want = static_cast<size_t>(shape_numel(view.shape)) * dtype_size(view.dtype);
+    if (view.bytes.size() != want) {
+        throw Error::InvalidArgument("tensor view has " + std::to_string(view.bytes.size()) +
+                                     " bytes, its shape needs " + std::to_string(want));
+    }
+    // from_blob never writes through the pointer unless the caller does.
+    void* data = const_cast<char*>(view.bytes.data());
+    return at::from_blob(data, view.shape, at::TensorOptions().dtype(scalar_type_of(view.dtype)));
+}
+
 TensorView view_of(const at::Tensor& tensor) {
     if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
         throw Error::InvalidArgument("view_of needs a contiguous CPU tensor");

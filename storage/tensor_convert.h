@@ -22,6 +22,11 @@ TensorData to_tensor_data(const at::Tensor& tensor);
 // match the shape.
 at::Tensor from_tensor_data(const TensorData& data);
 
+// A CPU tensor over `view`'s bytes without copying (read-only use: the bytes may be a read-only
+// mapping); valid while the bytes live. For loading weights: copy it into the parameter.
+// kInvalidArgument when the byte count does not match the shape.
+at::Tensor wrap_view(const TensorView& view);
+
 // A view of a contiguous CPU tensor's bytes without copying; valid while the tensor lives. Used to
 // write checkpoints without a second copy of the weights. kInvalidArgument for a non-contiguous
 // or non-CPU tensor.
