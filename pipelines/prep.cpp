@@ -112,6 +112,8 @@ PrepReport run_prep(const PrepOptions& o) {
     DecodeImageConfig decode_config;
     decode_config.resolution = o.resolution;
     decode_config.min_side = o.min_side > 0 ? o.min_side : o.resolution / 4;
+    // A quarter of the bytes in flight; the VAE stage normalizes on its device.
+    decode_config.output_uint8 = true;
     const DecodeImageStage decoder(decode_config);
 
     // Scan.
