@@ -266,7 +266,9 @@ Gemma2Config Gemma2Config::from_json_file(const std::string& path) {
 
 Gemma2Config Gemma2Config::named(const std::string& name) {
     if (name == "gemma-2-2b") {
-        // google/gemma-2-2b(-it) config.json: transformers' Gemma2Config defaults are its values.
+        // google/gemma-2-2b and -2b-it config.json (hidden 2304, 26 layers, 8 heads / 4 KV of 256,
+        // MLP 9216, vocab 256000, window 4096, soft-caps 50 / 30, query_pre_attn_scalar 256,
+        // theta 1e4, eps 1e-6), which are also transformers' Gemma2Config defaults.
         return Gemma2Config{};
     }
     if (name == "gemma-2-tiny") {

@@ -31,7 +31,10 @@ const spm::Api& sentencepiece() {
         // RTLD_DEEPBIND: sentencepiece must bind to its own bundled protobuf, not LibTorch's.
         void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
         if (handle == nullptr) {
-            failure = fmt::format("cannot load the SentencePiece shim {}: {}", path, ::dlerror());
+            failure = fmt::format(
+                "cannot load the SentencePiece shim {} (set SANAFLOW_SENTENCEPIECE_SHIM to its "
+                "path): {}",
+                path, ::dlerror());
             return;
         }
         using Entry = const spm::Api* (*)();
