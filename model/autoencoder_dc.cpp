@@ -24,7 +24,8 @@ torch::nn::AnyModule make_block(const std::string& type, int64_t channels, int64
                                 const std::vector<int64_t>& kernel_sizes,
                                 const std::shared_ptr<dc_ae::AttentionCalls>& calls) {
     if (type == "ResBlock") return torch::nn::AnyModule(dc_ae::ResBlock(channels, norm_type, act));
-    return torch::nn::AnyModule(dc_ae::EfficientViTBlock(channels, head_dim, kernel_sizes, norm_type, calls));
+    return torch::nn::AnyModule(
+        dc_ae::EfficientViTBlock(channels, head_dim, kernel_sizes, norm_type, calls));
 }
 
 // nn.Sequential() with no children returns its input; LibTorch's refuses to run.
@@ -34,10 +35,11 @@ torch::Tensor run_stage(const std::shared_ptr<torch::nn::Module>& stage, const t
 }
 
 void check_nchw(const torch::Tensor& x, int64_t channels, int64_t multiple, const char* what) {
-    if (x.dim() != 4 || x.size(1) != channels || x.size(2) % multiple != 0 || x.size(3) % multiple != 0) {
+    if (x.dim() != 4 || x.size(1) != channels || x.size(2) % multiple != 0 ||
+        x.size(3) % multiple != 0) {
         throw Error::InvalidArgument(fmt::format(
-            "AutoencoderDC {}: expected [B, {}, H, W] with H and W multiples of {}, got {}", what, channels,
-            multiple, fmt::join(x.sizes(), "x")));
+            "AutoencoderDC {}: expected [B, {}, H, W] with H and W multiples of {}, got {}", what,
+            channels, multiple, fmt::join(x.sizes(), "x")));
     }
 }
 
@@ -45,10 +47,11 @@ void check_tiling(const DCAETiling& t, int64_t ratio) {
     for (auto [tile, stride, name] : {std::tuple{t.tile_height, t.stride_height, "height"},
                                       std::tuple{t.tile_width, t.stride_width, "width"}}) {
         if (tile <= 0 || stride <= 0 || stride > tile || tile % ratio != 0 || stride % ratio != 0) {
-            throw Error::InvalidArgument(fmt::format(
-                "AutoencoderDC tiling {}: tile {} and stride {} must be positive multiples of the compression "
-                "ratio {}, stride <= tile",
-                name, tile, stride, ratio));
+            throw Error::InvalidArgument(
+                fmt::format("AutoencoderDC tiling {}: tile {} and stride {} must be positive "
+                            "multiples of the compression "
+                            "ratio {}, stride <= tile",
+                            name, tile, stride, ratio));
         }
     }
 }
@@ -68,8 +71,8 @@ void blend(const torch::Tensor& a, torch::Tensor& b, int64_t extent, int64_t dim
 
 // Upstream's tile grid: tiles[i][j] blended with their upper and left neighbours in place, each
 // cropped to its stride, rows concatenated.
-torch::Tensor assemble(std::vector<std::vector<torch::Tensor>>& tiles, int64_t blend_h, int64_t blend_w,
-                       int64_t keep_h, int64_t keep_w) {
+torch::Tensor assemble(std::vector<std::vector<torch::Tensor>>& tiles, int64_t blend_h,
+                       int64_t blend_w, int64_t keep_h, int64_t keep_w) {
     std::vector<torch::Tensor> rows;
     for (size_t i = 0; i < tiles.size(); ++i) {
         std::vector<torch::Tensor> row;
@@ -86,7 +89,8 @@ torch::Tensor assemble(std::vector<std::vector<torch::Tensor>>& tiles, int64_t b
 
 }  // namespace
 
-DCEncoderImpl::DCEncoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae::AttentionCalls> calls) {
+DCEncoderImpl::DCEncoderImpl(const AutoencoderDCConfig& c,
+                             std::shared_ptr<dc_ae::AttentionCalls> calls) {
     const auto& channels = c.encoder_block_out_channels;
     const auto& layers = c.encoder_layers_per_block;
     const size_t n = channels.size();
@@ -94,7 +98,8 @@ DCEncoderImpl::DCEncoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae
     if (layers[0] > 0) {
         conv_in = torch::nn::AnyModule(conv3x3(c.in_channels, channels[0]));
     } else {
-        conv_in = torch::nn::AnyModule(dc_ae::DownBlock(c.in_channels, channels[1], unshuffle, /*shortcut=*/false));
+        conv_in = torch::nn::AnyModule(
+            dc_ae::DownBlock(c.in_channels, channels[1], unshuffle, /*shortcut=*/false));
         downsample_factor_ *= 2;
     }
     register_module("conv_in", conv_in.ptr());
@@ -104,11 +109,13 @@ DCEncoderImpl::DCEncoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae
         torch::nn::Sequential stage;
         for (int64_t l = 0; l < layers[i]; ++l) {
             // The encoder's blocks are always rms_norm + silu, whatever the decoder uses.
-            stage->push_back(make_block(c.encoder_block_types[i], channels[i], c.attention_head_dim, "rms_norm",
-                                        Activation::kSiLU, c.encoder_qkv_multiscales[i], calls));
+            stage->push_back(make_block(c.encoder_block_types[i], channels[i], c.attention_head_dim,
+                                        "rms_norm", Activation::kSiLU, c.encoder_qkv_multiscales[i],
+                                        calls));
         }
         if (i + 1 < n && layers[i] > 0) {
-            stage->push_back(dc_ae::DownBlock(channels[i], channels[i + 1], unshuffle, /*shortcut=*/true));
+            stage->push_back(
+                dc_ae::DownBlock(channels[i], channels[i + 1], unshuffle, /*shortcut=*/true));
             downsample_factor_ *= 2;
         }
         down_blocks->push_back(stage);
@@ -123,12 +130,14 @@ torch::Tensor DCEncoderImpl::forward(const torch::Tensor& x) {
     for (const auto& stage : *down_blocks) h = run_stage(stage, h);
     if (!out_shortcut_) return conv_out(h);
     // Residual autoencoding: the latent is learned on top of channel-group averages.
-    const auto shortcut = h.reshape({h.size(0), -1, out_group_size_, h.size(2), h.size(3)})  // -> [B, L, g, h, w]
-                              .mean(2);                                                   // -> [B, L, h, w]
+    const auto shortcut =
+        h.reshape({h.size(0), -1, out_group_size_, h.size(2), h.size(3)})  // -> [B, L, g, h, w]
+            .mean(2);                                                      // -> [B, L, h, w]
     return conv_out(h) + shortcut;
 }
 
-DCDecoderImpl::DCDecoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae::AttentionCalls> calls) {
+DCDecoderImpl::DCDecoderImpl(const AutoencoderDCConfig& c,
+                             std::shared_ptr<dc_ae::AttentionCalls> calls) {
     const auto& channels = c.decoder_block_out_channels;
     const auto& layers = c.decoder_layers_per_block;
     const size_t n = channels.size();
@@ -142,12 +151,14 @@ DCDecoderImpl::DCDecoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae
     for (size_t i = 0; i < n; ++i) {
         torch::nn::Sequential stage;
         if (i + 1 < n && layers[i] > 0) {
-            stage->push_back(dc_ae::UpBlock(channels[i + 1], channels[i], interpolate, /*shortcut=*/true));
+            stage->push_back(
+                dc_ae::UpBlock(channels[i + 1], channels[i], interpolate, /*shortcut=*/true));
         }
         const Activation act = dc_ae::activation_from_name(c.decoder_act_fns[i]);
         for (int64_t l = 0; l < layers[i]; ++l) {
             stage->push_back(make_block(c.decoder_block_types[i], channels[i], c.attention_head_dim,
-                                        c.decoder_norm_types[i], act, c.decoder_qkv_multiscales[i], calls));
+                                        c.decoder_norm_types[i], act, c.decoder_qkv_multiscales[i],
+                                        calls));
         }
         up_blocks->push_back(stage);
     }
@@ -158,7 +169,8 @@ DCDecoderImpl::DCDecoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae
     if (layers[0] > 0) {
         conv_out = torch::nn::AnyModule(conv3x3(out_channels, c.in_channels));
     } else {
-        conv_out = torch::nn::AnyModule(dc_ae::UpBlock(out_channels, c.in_channels, interpolate, /*shortcut=*/false));
+        conv_out = torch::nn::AnyModule(
+            dc_ae::UpBlock(out_channels, c.in_channels, interpolate, /*shortcut=*/false));
     }
     register_module("conv_out", conv_out.ptr());
 }
@@ -166,7 +178,8 @@ DCDecoderImpl::DCDecoderImpl(const AutoencoderDCConfig& c, std::shared_ptr<dc_ae
 torch::Tensor DCDecoderImpl::forward(const torch::Tensor& z) {
     auto h = conv_in(z);
     if (in_shortcut_) h = h + z.repeat_interleave(in_repeats_, 1);  // [B, L, h, w] -> [B, C, h, w]
-    for (size_t i = up_blocks->size(); i-- > 0;) h = run_stage(up_blocks->ptr(i), h);  // last stage first
+    for (size_t i = up_blocks->size(); i-- > 0;)
+        h = run_stage(up_blocks->ptr(i), h);  // last stage first
     h = dc_ae::activate(norm_out(h), conv_act_);
     return conv_out.forward<torch::Tensor>(h);
 }
@@ -186,17 +199,20 @@ torch::Tensor AutoencoderDCImpl::encode(const torch::Tensor& image) {
 }
 
 torch::Tensor AutoencoderDCImpl::decode(const torch::Tensor& latent) {
-    if (!has_decoder()) throw Error::InvalidArgument("AutoencoderDC decode: this model was built without its decoder");
+    if (!has_decoder())
+        throw Error::InvalidArgument(
+            "AutoencoderDC decode: this model was built without its decoder");
     check_nchw(latent, config_.latent_channels, 1, "decode input");
     return decoder(latent);
 }
 
-torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, int64_t tile, int64_t stride,
-                                              int64_t* tiles) {
+torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, int64_t tile,
+                                              int64_t stride, int64_t* tiles) {
     return encode_tiled(image, DCAETiling{tile, tile, stride, stride}, tiles);
 }
 
-torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, const DCAETiling& t, int64_t* tiles) {
+torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, const DCAETiling& t,
+                                              int64_t* tiles) {
     const int64_t r = spatial_compression_ratio();
     check_tiling(t, r);
     check_nchw(image, config_.in_channels, 1, "encode_tiled input");
@@ -216,12 +232,16 @@ torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, const 
     }
     if (tiles != nullptr) *tiles = count;
     const int64_t keep_h = t.stride_height / r, keep_w = t.stride_width / r;
-    auto latent = assemble(grid, t.tile_height / r - keep_h, t.tile_width / r - keep_w, keep_h, keep_w);
+    auto latent =
+        assemble(grid, t.tile_height / r - keep_h, t.tile_width / r - keep_w, keep_h, keep_w);
     return latent.slice(2, 0, height / r).slice(3, 0, width / r);  // -> [B, L, H / r, W / r]
 }
 
-torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const DCAETiling& t, int64_t* tiles) {
-    if (!has_decoder()) throw Error::InvalidArgument("AutoencoderDC decode_tiled: this model was built without its decoder");
+torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const DCAETiling& t,
+                                              int64_t* tiles) {
+    if (!has_decoder())
+        throw Error::InvalidArgument(
+            "AutoencoderDC decode_tiled: this model was built without its decoder");
     const int64_t r = spatial_compression_ratio();
     check_tiling(t, r);
     check_nchw(latent, config_.latent_channels, 1, "decode_tiled input");
@@ -238,15 +258,17 @@ torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const
         }
     }
     if (tiles != nullptr) *tiles = count;
-    return assemble(grid, t.tile_height - t.stride_height, t.tile_width - t.stride_width, t.stride_height,
-                    t.stride_width);
+    return assemble(grid, t.tile_height - t.stride_height, t.tile_width - t.stride_width,
+                    t.stride_height, t.stride_width);
 }
 
-LoadReport load_autoencoder_dc_weights(AutoencoderDC& model, const std::string& path, const LoadOptions& options) {
+LoadReport load_autoencoder_dc_weights(AutoencoderDC& model, const std::string& path,
+                                       const LoadOptions& options) {
     LoadOptions opts = options;
     if (!model->has_decoder()) {
         // Only the names are needed here: load_weights verifies the file when it reads it.
-        const auto checkpoint = storage::SafetensorsCheckpoint::open(path, storage::ChecksumPolicy::kSkip);
+        const auto checkpoint =
+            storage::SafetensorsCheckpoint::open(path, storage::ChecksumPolicy::kSkip);
         for (const std::string& name : checkpoint.names()) {
             if (name.rfind("decoder.", 0) == 0) opts.ignore.push_back(name);
         }
@@ -254,7 +276,8 @@ LoadReport load_autoencoder_dc_weights(AutoencoderDC& model, const std::string& 
     return load_weights(*model, path, opts);
 }
 
-AutoencoderDC load_autoencoder_dc(const std::string& dir, bool with_decoder, const LoadOptions& options) {
+AutoencoderDC load_autoencoder_dc(const std::string& dir, bool with_decoder,
+                                  const LoadOptions& options) {
     AutoencoderDC model(AutoencoderDCConfig::from_json_file(dir), with_decoder);
     load_autoencoder_dc_weights(model, dir, options);
     model->eval();

@@ -95,15 +95,20 @@ public:
     // latent row is dropped, as upstream). `tiles`, when given, receives the tile count.
     torch::Tensor encode_tiled(const torch::Tensor& image, int64_t tile = 512, int64_t stride = 448,
                                int64_t* tiles = nullptr);
-    torch::Tensor encode_tiled(const torch::Tensor& image, const DCAETiling& tiling, int64_t* tiles = nullptr);
+    torch::Tensor encode_tiled(const torch::Tensor& image, const DCAETiling& tiling,
+                               int64_t* tiles = nullptr);
     // Upstream's tiled_decode: latent tiles of tile / r at stride / r, blended over
     // (tile - stride) image pixels.
     torch::Tensor decode_tiled(const torch::Tensor& latent, const DCAETiling& tiling = {},
                                int64_t* tiles = nullptr);
 
     // The latents the diffusion model sees, and back (Sana's pipeline divides on the way back).
-    torch::Tensor scale_latent(const torch::Tensor& latent) const { return latent * config_.scaling_factor; }
-    torch::Tensor unscale_latent(const torch::Tensor& latent) const { return latent / config_.scaling_factor; }
+    torch::Tensor scale_latent(const torch::Tensor& latent) const {
+        return latent * config_.scaling_factor;
+    }
+    torch::Tensor unscale_latent(const torch::Tensor& latent) const {
+        return latent / config_.scaling_factor;
+    }
 
     const AutoencoderDCConfig& config() const { return config_; }
     bool has_decoder() const { return !decoder.is_empty(); }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -29,7 +31,8 @@ std::string lower(std::string s) {
 
 // Typed readers: each names the key and the source when the JSON value has the wrong type.
 int64_t get_int(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_number_integer()) fail(source, fmt::format("`{}` must be an integer, got {}", key, v.dump()));
+    if (!v.is_number_integer())
+        fail(source, fmt::format("`{}` must be an integer, got {}", key, v.dump()));
     return v.get<int64_t>();
 }
 
@@ -39,7 +42,8 @@ double get_number(const json& v, const std::string& key, const std::string& sour
 }
 
 bool get_bool(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_boolean()) fail(source, fmt::format("`{}` must be true or false, got {}", key, v.dump()));
+    if (!v.is_boolean())
+        fail(source, fmt::format("`{}` must be true or false, got {}", key, v.dump()));
     return v.get<bool>();
 }
 
@@ -48,8 +52,10 @@ std::string get_string(const json& v, const std::string& key, const std::string&
     return v.get<std::string>();
 }
 
-std::vector<int64_t> get_int_list(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_array()) fail(source, fmt::format("`{}` must be a list of integers, got {}", key, v.dump()));
+std::vector<int64_t> get_int_list(const json& v, const std::string& key,
+                                  const std::string& source) {
+    if (!v.is_array())
+        fail(source, fmt::format("`{}` must be a list of integers, got {}", key, v.dump()));
     std::vector<int64_t> out;
     for (const json& e : v) {
         if (!e.is_number_integer()) {
@@ -62,7 +68,8 @@ std::vector<int64_t> get_int_list(const json& v, const std::string& key, const s
 
 std::vector<std::vector<int64_t>> get_int_lists(const json& v, const std::string& key,
                                                 const std::string& source) {
-    const std::string what = fmt::format("`{}` must be a list of lists of integers, got {}", key, v.dump());
+    const std::string what =
+        fmt::format("`{}` must be a list of lists of integers, got {}", key, v.dump());
     if (!v.is_array()) fail(source, what);
     std::vector<std::vector<int64_t>> out;
     for (const json& e : v) {
@@ -89,7 +96,8 @@ PerStage get_per_stage(const json& v, const std::string& key, const std::string&
         out.one = v.get<std::string>();
         return out;
     }
-    const std::string what = fmt::format("`{}` must be a string or a list of strings, got {}", key, v.dump());
+    const std::string what =
+        fmt::format("`{}` must be a string or a list of strings, got {}", key, v.dump());
     if (!v.is_array()) fail(source, what);
     out.is_string = false;
     for (const json& e : v) {
@@ -106,17 +114,20 @@ bool is_activation(const std::string& a) {
     return a == "silu" || a == "swish" || a == "relu" || a == "gelu" || a == "mish";
 }
 
-std::string stage_list(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string stage_list(const std::vector<int64_t>& v) {
+    return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
-void validate_stages(const std::string& source, const char* side, const std::vector<std::string>& types,
-                     const std::vector<int64_t>& channels, const std::vector<int64_t>& layers,
+void validate_stages(const std::string& source, const char* side,
+                     const std::vector<std::string>& types, const std::vector<int64_t>& channels,
+                     const std::vector<int64_t>& layers,
                      const std::vector<std::vector<int64_t>>& multiscales, int64_t head_dim) {
     const size_t n = channels.size();
     if (n == 0) fail(source, fmt::format("`{}_block_out_channels` must not be empty", side));
     auto same_length = [&](size_t size, const char* key) {
         if (size != n) {
-            fail(source, fmt::format("`{}_{}` has {} entries but `{}_block_out_channels` has {}", side,
-                                     key, size, side, n));
+            fail(source, fmt::format("`{}_{}` has {} entries but `{}_block_out_channels` has {}",
+                                     side, key, size, side, n));
         }
     };
     same_length(types.size(), "block_types");
@@ -134,23 +145,29 @@ void validate_stages(const std::string& source, const char* side, const std::vec
         // Upstream skips the resampling block of an empty stage, which only fits the first one
         // (the stem resamples instead); elsewhere it silently changes the compression ratio.
         if (i > 0 && layers[i] == 0) {
-            fail(source, fmt::format("`{}_layers_per_block` stage {} is empty: only stage 0 may be, got {}",
-                                     side, i, stage_list(layers)));
+            fail(source,
+                 fmt::format("`{}_layers_per_block` stage {} is empty: only stage 0 may be, got {}",
+                             side, i, stage_list(layers)));
         }
         if (types[i] != "ResBlock" && types[i] != "EfficientViTBlock") {
-            fail(source, fmt::format("`{}_block_types` stage {}: \"{}\" is not ResBlock or EfficientViTBlock",
-                                     side, i, types[i]));
+            fail(source,
+                 fmt::format(
+                     "`{}_block_types` stage {}: \"{}\" is not ResBlock or EfficientViTBlock", side,
+                     i, types[i]));
         }
         if (types[i] == "EfficientViTBlock" && layers[i] > 0 && channels[i] < head_dim) {
-            fail(source, fmt::format("`{}_block_out_channels` stage {}: {} channels is less than one "
-                                     "attention head (`attention_head_dim` {})",
-                                     side, i, channels[i], head_dim));
+            fail(source,
+                 fmt::format("`{}_block_out_channels` stage {}: {} channels is less than one "
+                             "attention head (`attention_head_dim` {})",
+                             side, i, channels[i], head_dim));
         }
         for (int64_t k : multiscales[i]) {
             // An even kernel with padding k // 2 would grow the feature map by one.
             if (k <= 0 || k % 2 == 0) {
-                fail(source, fmt::format("`{}_qkv_multiscales` stage {}: kernel size {} must be odd and positive",
-                                         side, i, k));
+                fail(source,
+                     fmt::format(
+                         "`{}_qkv_multiscales` stage {}: kernel size {} must be odd and positive",
+                         side, i, k));
             }
         }
     }
@@ -163,12 +180,14 @@ int64_t AutoencoderDCConfig::spatial_compression_ratio() const {
 }
 
 void AutoencoderDCConfig::validate(const std::string& source) const {
-    if (in_channels <= 0) fail(source, fmt::format("`in_channels` must be positive, got {}", in_channels));
+    if (in_channels <= 0)
+        fail(source, fmt::format("`in_channels` must be positive, got {}", in_channels));
     if (latent_channels <= 0) {
         fail(source, fmt::format("`latent_channels` must be positive, got {}", latent_channels));
     }
     if (attention_head_dim <= 0) {
-        fail(source, fmt::format("`attention_head_dim` must be positive, got {}", attention_head_dim));
+        fail(source,
+             fmt::format("`attention_head_dim` must be positive, got {}", attention_head_dim));
     }
     if (!std::isfinite(scaling_factor) || scaling_factor <= 0) {
         fail(source, fmt::format("`scaling_factor` must be positive, got {}", scaling_factor));
@@ -191,21 +210,26 @@ void AutoencoderDCConfig::validate(const std::string& source) const {
                     decoder_layers_per_block, decoder_qkv_multiscales, attention_head_dim);
     const size_t nd = decoder_block_out_channels.size();
     if (decoder_norm_types.size() != nd) {
-        fail(source, fmt::format("`decoder_norm_types` has {} entries but `decoder_block_out_channels` has {}",
-                                 decoder_norm_types.size(), nd));
+        fail(source,
+             fmt::format(
+                 "`decoder_norm_types` has {} entries but `decoder_block_out_channels` has {}",
+                 decoder_norm_types.size(), nd));
     }
     if (decoder_act_fns.size() != nd) {
-        fail(source, fmt::format("`decoder_act_fns` has {} entries but `decoder_block_out_channels` has {}",
-                                 decoder_act_fns.size(), nd));
+        fail(source,
+             fmt::format("`decoder_act_fns` has {} entries but `decoder_block_out_channels` has {}",
+                         decoder_act_fns.size(), nd));
     }
     for (size_t i = 0; i < nd; ++i) {
         if (decoder_norm_types[i] != "rms_norm" && decoder_norm_types[i] != "batch_norm") {
-            fail(source, fmt::format("`decoder_norm_types` stage {}: \"{}\" is not rms_norm or batch_norm", i,
-                                     decoder_norm_types[i]));
+            fail(source,
+                 fmt::format("`decoder_norm_types` stage {}: \"{}\" is not rms_norm or batch_norm",
+                             i, decoder_norm_types[i]));
         }
         if (!is_activation(decoder_act_fns[i])) {
-            fail(source, fmt::format("`decoder_act_fns` stage {}: \"{}\" is not silu, relu, gelu or mish", i,
-                                     decoder_act_fns[i]));
+            fail(source,
+                 fmt::format("`decoder_act_fns` stage {}: \"{}\" is not silu, relu, gelu or mish",
+                             i, decoder_act_fns[i]));
         }
     }
 
@@ -219,22 +243,28 @@ void AutoencoderDCConfig::validate(const std::string& source) const {
     }
     const int64_t first = el[0] > 0 ? ec[0] : ec[1];
     if (el[0] == 0 && unshuffle && first % 4 != 0) {
-        fail(source, fmt::format("`encoder_block_out_channels` stage 1: {} is not a multiple of 4, as "
-                                 "pixel_unshuffle needs", first));
+        fail(source,
+             fmt::format("`encoder_block_out_channels` stage 1: {} is not a multiple of 4, as "
+                         "pixel_unshuffle needs",
+                         first));
     }
     for (size_t i = 0; i + 1 < ec.size(); ++i) {
         if (el[i] == 0) continue;
-        if ((4 * ec[i]) % ec[i + 1] != 0 || ec[i + 1] > 4 * ec[i] || (unshuffle && ec[i + 1] % 4 != 0)) {
-            fail(source, fmt::format("`encoder_block_out_channels` stages {} -> {}: {} -> {} channels do not "
-                                     "fit the downsampling shortcut (4 x {} must be a multiple of {}{})",
-                                     i, i + 1, ec[i], ec[i + 1], ec[i], ec[i + 1],
-                                     unshuffle ? ", itself a multiple of 4" : ""));
+        if ((4 * ec[i]) % ec[i + 1] != 0 || ec[i + 1] > 4 * ec[i] ||
+            (unshuffle && ec[i + 1] % 4 != 0)) {
+            fail(source,
+                 fmt::format(
+                     "`encoder_block_out_channels` stages {} -> {}: {} -> {} channels do not "
+                     "fit the downsampling shortcut (4 x {} must be a multiple of {}{})",
+                     i, i + 1, ec[i], ec[i + 1], ec[i], ec[i + 1],
+                     unshuffle ? ", itself a multiple of 4" : ""));
         }
     }
     if (encoder_out_shortcut && ec.back() % latent_channels != 0) {
-        fail(source, fmt::format("`latent_channels` {} must divide the last encoder stage's {} channels "
-                                 "(`encoder_out_shortcut` averages groups of them)",
-                                 latent_channels, ec.back()));
+        fail(source,
+             fmt::format("`latent_channels` {} must divide the last encoder stage's {} channels "
+                         "(`encoder_out_shortcut` averages groups of them)",
+                         latent_channels, ec.back()));
     }
     const auto& dc = decoder_block_out_channels;
     const auto& dl = decoder_layers_per_block;
@@ -244,15 +274,18 @@ void AutoencoderDCConfig::validate(const std::string& source) const {
     for (size_t i = 0; i + 1 < dc.size(); ++i) {
         if (dl[i] == 0) continue;
         if ((4 * dc[i]) % dc[i + 1] != 0 || 4 * dc[i] < dc[i + 1]) {
-            fail(source, fmt::format("`decoder_block_out_channels` stages {} -> {}: {} -> {} channels do not "
-                                     "fit the upsampling shortcut (4 x {} must be a multiple of {})",
-                                     i + 1, i, dc[i + 1], dc[i], dc[i], dc[i + 1]));
+            fail(source,
+                 fmt::format(
+                     "`decoder_block_out_channels` stages {} -> {}: {} -> {} channels do not "
+                     "fit the upsampling shortcut (4 x {} must be a multiple of {})",
+                     i + 1, i, dc[i + 1], dc[i], dc[i], dc[i + 1]));
         }
     }
     if (decoder_in_shortcut && dc.back() % latent_channels != 0) {
-        fail(source, fmt::format("`latent_channels` {} must divide the last decoder stage's {} channels "
-                                 "(`decoder_in_shortcut` repeats the latent channels)",
-                                 latent_channels, dc.back()));
+        fail(source,
+             fmt::format("`latent_channels` {} must divide the last decoder stage's {} channels "
+                         "(`decoder_in_shortcut` repeats the latent channels)",
+                         latent_channels, dc.back()));
     }
 }
 
@@ -262,30 +295,39 @@ AutoencoderDCConfig AutoencoderDCConfig::from_json(const json& j, const std::str
     // Upstream's defaults for the keys that may be one string for every stage.
     PerStage enc_types{true, "ResBlock", {}}, dec_types{true, "ResBlock", {}};
     PerStage norms{true, "rms_norm", {}}, acts{true, "silu", {}};
+    using Reader = std::function<void(const json&, const std::string&)>;
+    auto to = [&](auto& field, auto read) -> Reader {
+        return [&field, read, &source](const json& v, const std::string& key) {
+            field = read(v, key, source);
+        };
+    };
+    const std::map<std::string, Reader> readers = {
+        {"in_channels", to(c.in_channels, get_int)},
+        {"latent_channels", to(c.latent_channels, get_int)},
+        {"attention_head_dim", to(c.attention_head_dim, get_int)},
+        {"encoder_block_types", to(enc_types, get_per_stage)},
+        {"decoder_block_types", to(dec_types, get_per_stage)},
+        {"encoder_block_out_channels", to(c.encoder_block_out_channels, get_int_list)},
+        {"decoder_block_out_channels", to(c.decoder_block_out_channels, get_int_list)},
+        {"encoder_layers_per_block", to(c.encoder_layers_per_block, get_int_list)},
+        {"decoder_layers_per_block", to(c.decoder_layers_per_block, get_int_list)},
+        {"encoder_qkv_multiscales", to(c.encoder_qkv_multiscales, get_int_lists)},
+        {"decoder_qkv_multiscales", to(c.decoder_qkv_multiscales, get_int_lists)},
+        {"upsample_block_type", to(c.upsample_block_type, get_string)},
+        {"downsample_block_type", to(c.downsample_block_type, get_string)},
+        {"decoder_norm_types", to(norms, get_per_stage)},
+        {"decoder_act_fns", to(acts, get_per_stage)},
+        {"encoder_out_shortcut", to(c.encoder_out_shortcut, get_bool)},
+        {"decoder_in_shortcut", to(c.decoder_in_shortcut, get_bool)},
+        {"decoder_conv_act_fn", to(c.decoder_conv_act_fn, get_string)},
+        {"scaling_factor", to(c.scaling_factor, get_number)},
+    };
     for (const auto& [key, v] : j.items()) {
-        if (key == "in_channels") c.in_channels = get_int(v, key, source);
-        else if (key == "latent_channels") c.latent_channels = get_int(v, key, source);
-        else if (key == "attention_head_dim") c.attention_head_dim = get_int(v, key, source);
-        else if (key == "encoder_block_types") enc_types = get_per_stage(v, key, source);
-        else if (key == "decoder_block_types") dec_types = get_per_stage(v, key, source);
-        else if (key == "encoder_block_out_channels") c.encoder_block_out_channels = get_int_list(v, key, source);
-        else if (key == "decoder_block_out_channels") c.decoder_block_out_channels = get_int_list(v, key, source);
-        else if (key == "encoder_layers_per_block") c.encoder_layers_per_block = get_int_list(v, key, source);
-        else if (key == "decoder_layers_per_block") c.decoder_layers_per_block = get_int_list(v, key, source);
-        else if (key == "encoder_qkv_multiscales") c.encoder_qkv_multiscales = get_int_lists(v, key, source);
-        else if (key == "decoder_qkv_multiscales") c.decoder_qkv_multiscales = get_int_lists(v, key, source);
-        else if (key == "upsample_block_type") c.upsample_block_type = get_string(v, key, source);
-        else if (key == "downsample_block_type") {
-            c.downsample_block_type = canonical_downsample(get_string(v, key, source));
-        } else if (key == "decoder_norm_types") norms = get_per_stage(v, key, source);
-        else if (key == "decoder_act_fns") acts = get_per_stage(v, key, source);
-        else if (key == "encoder_out_shortcut") c.encoder_out_shortcut = get_bool(v, key, source);
-        else if (key == "decoder_in_shortcut") c.decoder_in_shortcut = get_bool(v, key, source);
-        else if (key == "decoder_conv_act_fn") c.decoder_conv_act_fn = get_string(v, key, source);
-        else if (key == "scaling_factor") c.scaling_factor = get_number(v, key, source);
         // Anything else (_class_name, _diffusers_version, keys of later versions) is ignored, as
         // diffusers ignores unexpected config keys.
+        if (auto it = readers.find(key); it != readers.end()) it->second(v, key);
     }
+    c.downsample_block_type = canonical_downsample(c.downsample_block_type);
     c.encoder_block_types = enc_types.expand(c.encoder_block_out_channels.size());
     c.decoder_block_types = dec_types.expand(c.decoder_block_out_channels.size());
     c.decoder_norm_types = norms.expand(c.decoder_block_out_channels.size());
@@ -294,7 +336,8 @@ AutoencoderDCConfig AutoencoderDCConfig::from_json(const json& j, const std::str
     return c;
 }
 
-AutoencoderDCConfig AutoencoderDCConfig::from_json_text(const std::string& text, const std::string& source) {
+AutoencoderDCConfig AutoencoderDCConfig::from_json_text(const std::string& text,
+                                                        const std::string& source) {
     json j;
     try {
         j = json::parse(text);
@@ -309,7 +352,9 @@ AutoencoderDCConfig AutoencoderDCConfig::from_json_file(const std::string& path)
     fs::path file(path);
     if (fs::is_directory(file)) file /= "config.json";
     std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error::NotFound(fmt::format("{}: cannot open the AutoencoderDC config", file.string()));
+    if (!in)
+        throw Error::NotFound(
+            fmt::format("{}: cannot open the AutoencoderDC config", file.string()));
     std::stringstream text;
     text << in.rdbuf();
     return from_json_text(text.str(), file.string());
@@ -346,13 +391,15 @@ AutoencoderDCConfig AutoencoderDCConfig::named(const std::string& name) {
         // mit-han-lab/dc-ae-f32c32-sana-1.0-diffusers (also Sana's `vae/`): the values of
         // diffusers' scripts/convert_dcae_to_diffusers.py for "dc-ae-f32c32-sana-1.0", which wrote
         // that repository's config.json; "Conv" there is this "conv".
-        const std::vector<std::string> types = {"ResBlock",          "ResBlock",          "ResBlock",
-                                                "EfficientViTBlock", "EfficientViTBlock", "EfficientViTBlock"};
+        const std::vector<std::string> types = {"ResBlock",          "ResBlock",
+                                                "ResBlock",          "EfficientViTBlock",
+                                                "EfficientViTBlock", "EfficientViTBlock"};
         c.in_channels = 3;
         c.latent_channels = 32;
         c.attention_head_dim = 32;
         c.encoder_block_types = c.decoder_block_types = types;
-        c.encoder_block_out_channels = c.decoder_block_out_channels = {128, 256, 512, 512, 1024, 1024};
+        c.encoder_block_out_channels =
+            c.decoder_block_out_channels = {128, 256, 512, 512, 1024, 1024};
         c.encoder_layers_per_block = {2, 2, 2, 3, 3, 3};
         c.decoder_layers_per_block = {3, 3, 3, 3, 3, 3};
         c.encoder_qkv_multiscales = c.decoder_qkv_multiscales = {{}, {}, {}, {5}, {5}, {5}};
@@ -363,7 +410,8 @@ AutoencoderDCConfig AutoencoderDCConfig::named(const std::string& name) {
         c.scaling_factor = 0.41407;
     } else if (name == "dc-ae-tiny") {
         // Equal to tests/data/golden/vae/config.json, so the golden weights load into it.
-        const std::vector<std::string> types = {"ResBlock", "ResBlock", "EfficientViTBlock", "EfficientViTBlock"};
+        const std::vector<std::string> types = {"ResBlock", "ResBlock", "EfficientViTBlock",
+                                                "EfficientViTBlock"};
         c.in_channels = 3;
         c.latent_channels = 8;
         c.attention_head_dim = 8;
@@ -378,8 +426,9 @@ AutoencoderDCConfig AutoencoderDCConfig::named(const std::string& name) {
         c.decoder_act_fns = std::vector<std::string>(4, "silu");
         c.scaling_factor = 0.41407;
     } else {
-        throw Error::InvalidArgument(fmt::format("unknown AutoencoderDC configuration \"{}\" (known: {})", name,
-                                                 fmt::join(names(), ", ")));
+        throw Error::InvalidArgument(
+            fmt::format("unknown AutoencoderDC configuration \"{}\" (known: {})", name,
+                        fmt::join(names(), ", ")));
     }
     c.validate(name);
     return c;
@@ -389,7 +438,8 @@ std::vector<std::string> AutoencoderDCConfig::names() { return {"dc-ae-f32c32", 
 
 bool operator==(const AutoencoderDCConfig& a, const AutoencoderDCConfig& b) {
     return a.in_channels == b.in_channels && a.latent_channels == b.latent_channels &&
-           a.attention_head_dim == b.attention_head_dim && a.encoder_block_types == b.encoder_block_types &&
+           a.attention_head_dim == b.attention_head_dim &&
+           a.encoder_block_types == b.encoder_block_types &&
            a.decoder_block_types == b.decoder_block_types &&
            a.encoder_block_out_channels == b.encoder_block_out_channels &&
            a.decoder_block_out_channels == b.decoder_block_out_channels &&
@@ -398,9 +448,11 @@ bool operator==(const AutoencoderDCConfig& a, const AutoencoderDCConfig& b) {
            a.encoder_qkv_multiscales == b.encoder_qkv_multiscales &&
            a.decoder_qkv_multiscales == b.decoder_qkv_multiscales &&
            a.upsample_block_type == b.upsample_block_type &&
-           canonical_downsample(a.downsample_block_type) == canonical_downsample(b.downsample_block_type) &&
+           canonical_downsample(a.downsample_block_type) ==
+               canonical_downsample(b.downsample_block_type) &&
            a.decoder_norm_types == b.decoder_norm_types && a.decoder_act_fns == b.decoder_act_fns &&
-           a.encoder_out_shortcut == b.encoder_out_shortcut && a.decoder_in_shortcut == b.decoder_in_shortcut &&
+           a.encoder_out_shortcut == b.encoder_out_shortcut &&
+           a.decoder_in_shortcut == b.decoder_in_shortcut &&
            a.decoder_conv_act_fn == b.decoder_conv_act_fn && a.scaling_factor == b.scaling_factor;
 }
 
@@ -425,8 +477,8 @@ int64_t efficient_vit_block(int64_t c, int64_t head_dim, const std::vector<int64
         n += conv(3 * inner, 3 * inner, 1, false, 3 * heads);  // proj_out, grouped per head
     }
     n += inner * (1 + static_cast<int64_t>(scales.size())) * c;  // to_out, no bias
-    n += norm(c);                                                 // norm_out
-    const int64_t hidden = 4 * c;                                 // GLUMBConv expand_ratio 4
+    n += norm(c);                                                // norm_out
+    const int64_t hidden = 4 * c;                                // GLUMBConv expand_ratio 4
     n += conv(c, 2 * hidden, 1) + conv(2 * hidden, 2 * hidden, 3, true, 2 * hidden) +
          conv(hidden, c, 1, false) + norm(c);
     return n;
@@ -437,9 +489,13 @@ int64_t stage_blocks(const std::string& type, int64_t c, int64_t layers, int64_t
     return layers * (type == "ResBlock" ? res_block(c) : efficient_vit_block(c, head_dim, scales));
 }
 
-int64_t down_block(int64_t in, int64_t out, bool unshuffle) { return conv(in, unshuffle ? out / 4 : out, 3); }
+int64_t down_block(int64_t in, int64_t out, bool unshuffle) {
+    return conv(in, unshuffle ? out / 4 : out, 3);
+}
 
-int64_t up_block(int64_t in, int64_t out, bool interpolate) { return conv(in, interpolate ? out : 4 * out, 3); }
+int64_t up_block(int64_t in, int64_t out, bool interpolate) {
+    return conv(in, interpolate ? out : 4 * out, 3);
+}
 
 }  // namespace
 
@@ -451,7 +507,8 @@ int64_t dc_ae_parameter_count(const AutoencoderDCConfig& c, bool with_decoder) {
     const bool unshuffle = c.downsample_is_pixel_unshuffle();
     n += el[0] > 0 ? conv(c.in_channels, ec[0], 3) : down_block(c.in_channels, ec[1], unshuffle);
     for (size_t i = 0; i < ec.size(); ++i) {
-        n += stage_blocks(c.encoder_block_types[i], ec[i], el[i], c.attention_head_dim, c.encoder_qkv_multiscales[i]);
+        n += stage_blocks(c.encoder_block_types[i], ec[i], el[i], c.attention_head_dim,
+                          c.encoder_qkv_multiscales[i]);
         if (i + 1 < ec.size() && el[i] > 0) n += down_block(ec[i], ec[i + 1], unshuffle);
     }
     n += conv(ec.back(), c.latent_channels, 3);
@@ -463,11 +520,13 @@ int64_t dc_ae_parameter_count(const AutoencoderDCConfig& c, bool with_decoder) {
     n += conv(c.latent_channels, dc.back(), 3);
     for (size_t i = 0; i < dc.size(); ++i) {
         if (i + 1 < dc.size() && dl[i] > 0) n += up_block(dc[i + 1], dc[i], interpolate);
-        n += stage_blocks(c.decoder_block_types[i], dc[i], dl[i], c.attention_head_dim, c.decoder_qkv_multiscales[i]);
+        n += stage_blocks(c.decoder_block_types[i], dc[i], dl[i], c.attention_head_dim,
+                          c.decoder_qkv_multiscales[i]);
     }
     const int64_t channels = dl[0] > 0 ? dc[0] : dc[1];
     n += norm(channels);
-    n += dl[0] > 0 ? conv(channels, c.in_channels, 3) : up_block(channels, c.in_channels, interpolate);
+    n += dl[0] > 0 ? conv(channels, c.in_channels, 3)
+                   : up_block(channels, c.in_channels, interpolate);
     return n;
 }
 

@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace sf::model {
 
@@ -37,6 +36,8 @@ struct AutoencoderDCConfig {
     std::vector<std::string> decoder_norm_types = std::vector<std::string>(6, "rms_norm");
     // "silu" (= "swish"), "relu", "gelu", "mish" per decoder stage; the encoder always uses silu.
     std::vector<std::string> decoder_act_fns = std::vector<std::string>(6, "silu");
+    // Keys of later diffusers versions (v0.33.1 writes none of them); their defaults are what
+    // v0.33.1 always does.
     bool encoder_out_shortcut = true;
     bool decoder_in_shortcut = true;
     std::string decoder_conv_act_fn = "relu";
@@ -45,7 +46,9 @@ struct AutoencoderDCConfig {
 
     // 2^(stages - 1): image side / latent side, as upstream's spatial_compression_ratio.
     int64_t spatial_compression_ratio() const;
-    bool downsample_is_pixel_unshuffle() const { return downsample_block_type == "pixel_unshuffle"; }
+    bool downsample_is_pixel_unshuffle() const {
+        return downsample_block_type == "pixel_unshuffle";
+    }
     bool upsample_is_interpolate() const { return upsample_block_type == "interpolate"; }
 
     // Throws sf::Error kInvalidArgument naming `source` and the field (and the stage) at fault.

@@ -15,8 +15,8 @@ constexpr double kAttentionEps = 1e-15;
 // get_normalization's and GLUMBConv's RMSNorm eps.
 constexpr double kNormEps = 1e-5;
 
-torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, bool bias = true,
-                         int64_t groups = 1) {
+torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1,
+                         bool bias = true, int64_t groups = 1) {
     return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
                                  .stride(stride)
                                  .padding(kernel / 2)
@@ -40,15 +40,20 @@ Activation activation_from_name(const std::string& name) {
     if (name == "relu") return Activation::kReLU;
     if (name == "gelu") return Activation::kGELU;
     if (name == "mish") return Activation::kMish;
-    throw Error::InvalidArgument(fmt::format("unknown activation \"{}\" (silu, swish, relu, gelu, mish)", name));
+    throw Error::InvalidArgument(
+        fmt::format("unknown activation \"{}\" (silu, swish, relu, gelu, mish)", name));
 }
 
 torch::Tensor activate(const torch::Tensor& x, Activation act) {
     switch (act) {
-        case Activation::kSiLU: return torch::silu(x);
-        case Activation::kReLU: return torch::relu(x);
-        case Activation::kGELU: return torch::gelu(x);
-        case Activation::kMish: return torch::mish(x);
+        case Activation::kSiLU:
+            return torch::silu(x);
+        case Activation::kReLU:
+            return torch::relu(x);
+        case Activation::kGELU:
+            return torch::gelu(x);
+        case Activation::kMish:
+            return torch::mish(x);
     }
     return x;
 }
@@ -69,15 +74,16 @@ torch::Tensor ChannelRMSNormImpl::forward(const torch::Tensor& x) {
     return y * weight.view({1, -1, 1, 1}) + bias.view({1, -1, 1, 1});  // [C] -> [1, C, 1, 1]
 }
 
-ChannelNorm::ChannelNorm(torch::nn::Module& parent, const std::string& name, const std::string& norm_type,
-                         int64_t channels) {
+ChannelNorm::ChannelNorm(torch::nn::Module& parent, const std::string& name,
+                         const std::string& norm_type, int64_t channels) {
     if (norm_type == "rms_norm") {
         rms_ = parent.register_module(name, ChannelRMSNorm(channels, kNormEps));
     } else if (norm_type == "batch_norm") {
         batch_ = parent.register_module(
             name, torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(channels).eps(kNormEps)));
     } else {
-        throw Error::InvalidArgument(fmt::format("unknown norm type \"{}\" (rms_norm, batch_norm)", norm_type));
+        throw Error::InvalidArgument(
+            fmt::format("unknown norm type \"{}\" (rms_norm, batch_norm)", norm_type));
     }
 }
 
@@ -86,7 +92,8 @@ torch::Tensor ChannelNorm::operator()(const torch::Tensor& x) {
     return batch_->forward(x);
 }
 
-ResBlockImpl::ResBlockImpl(int64_t channels, const std::string& norm_type, Activation act) : act_(act) {
+ResBlockImpl::ResBlockImpl(int64_t channels, const std::string& norm_type, Activation act)
+    : act_(act) {
     conv1 = register_module("conv1", conv2d(channels, channels, 3));
     conv2 = register_module("conv2", conv2d(channels, channels, 3, 1, /*bias=*/false));
     norm_ = ChannelNorm(*this, "norm", norm_type, channels);
@@ -97,18 +104,21 @@ torch::Tensor ResBlockImpl::forward(const torch::Tensor& x) {
     return norm_(h) + x;
 }
 
-MultiscaleProjectionImpl::MultiscaleProjectionImpl(int64_t inner_dim, int64_t heads, int64_t kernel_size) {
+MultiscaleProjectionImpl::MultiscaleProjectionImpl(int64_t inner_dim, int64_t heads,
+                                                   int64_t kernel_size) {
     const int64_t channels = 3 * inner_dim;
-    proj_in = register_module("proj_in", conv2d(channels, channels, kernel_size, 1, false, channels));
+    proj_in =
+        register_module("proj_in", conv2d(channels, channels, kernel_size, 1, false, channels));
     proj_out = register_module("proj_out", conv2d(channels, channels, 1, 1, false, 3 * heads));
 }
 
-torch::Tensor MultiscaleProjectionImpl::forward(const torch::Tensor& x) { return proj_out(proj_in(x)); }
+torch::Tensor MultiscaleProjectionImpl::forward(const torch::Tensor& x) {
+    return proj_out(proj_in(x));
+}
 
-MultiscaleLinearAttentionImpl::MultiscaleLinearAttentionImpl(int64_t channels, int64_t head_dim,
-                                                             const std::vector<int64_t>& kernel_sizes,
-                                                             const std::string& norm_type,
-                                                             std::shared_ptr<AttentionCalls> calls)
+MultiscaleLinearAttentionImpl::MultiscaleLinearAttentionImpl(
+    int64_t channels, int64_t head_dim, const std::vector<int64_t>& kernel_sizes,
+    const std::string& norm_type, std::shared_ptr<AttentionCalls> calls)
     : head_dim_(head_dim), calls_(std::move(calls)) {
     const int64_t heads = channels / head_dim;  // int(in_channels // attention_head_dim * mult)
     const int64_t inner = heads * head_dim;
@@ -116,8 +126,10 @@ MultiscaleLinearAttentionImpl::MultiscaleLinearAttentionImpl(int64_t channels, i
     to_k = register_module("to_k", linear(channels, inner));
     to_v = register_module("to_v", linear(channels, inner));
     to_qkv_multiscale = register_module("to_qkv_multiscale", torch::nn::ModuleList());
-    for (int64_t k : kernel_sizes) to_qkv_multiscale->push_back(MultiscaleProjection(inner, heads, k));
-    to_out = register_module("to_out", linear(inner * (1 + static_cast<int64_t>(kernel_sizes.size())), channels));
+    for (int64_t k : kernel_sizes)
+        to_qkv_multiscale->push_back(MultiscaleProjection(inner, heads, k));
+    to_out = register_module(
+        "to_out", linear(inner * (1 + static_cast<int64_t>(kernel_sizes.size())), channels));
     norm_out_ = ChannelNorm(*this, "norm_out", norm_type, channels);
 }
 
@@ -132,7 +144,8 @@ torch::Tensor MultiscaleLinearAttentionImpl::forward(const torch::Tensor& x) {
     const auto xl = x.movedim(1, -1);  // [B, C, H, W] -> [B, H, W, C]
     auto qkv = torch::cat({to_q(xl), to_k(xl), to_v(xl)}, 3).movedim(-1, 1);  // -> [B, 3I, H, W]
     std::vector<torch::Tensor> scales{qkv};
-    for (const auto& block : *to_qkv_multiscale) scales.push_back(block->as<MultiscaleProjection>()->forward(qkv));
+    for (const auto& block : *to_qkv_multiscale)
+        scales.push_back(block->as<MultiscaleProjection>()->forward(qkv));
     auto h = torch::cat(scales, 1);  // [B, 3I (1 + S), H, W]
     if (use_linear) h = h.to(torch::kFloat32);
 
@@ -146,8 +159,9 @@ torch::Tensor MultiscaleLinearAttentionImpl::forward(const torch::Tensor& x) {
     torch::Tensor out;
     if (use_linear) {
         // A row of ones under v makes the last output row the normaliser sum_n k_n . q.
-        const auto v_pad = torch::constant_pad_nd(v, {0, 0, 0, 1}, 1.0);  // [B, h', d, N] -> [B, h', d+1, N]
-        const auto kv = torch::matmul(v_pad, k.transpose(-1, -2));      // [B, h', d+1, d]
+        const auto v_pad =
+            torch::constant_pad_nd(v, {0, 0, 0, 1}, 1.0);  // [B, h', d, N] -> [B, h', d+1, N]
+        const auto kv = torch::matmul(v_pad, k.transpose(-1, -2));       // [B, h', d+1, d]
         out = torch::matmul(kv, q).to(torch::kFloat32);                  // [B, h', d+1, N]
         out = out.slice(2, 0, -1) / (out.slice(2, -1) + kAttentionEps);  // [B, h', d, N]
         out = out.to(original_dtype);
@@ -164,7 +178,8 @@ torch::Tensor MultiscaleLinearAttentionImpl::forward(const torch::Tensor& x) {
 GLUMBConvImpl::GLUMBConvImpl(int64_t channels) {
     const int64_t hidden = 4 * channels;
     conv_inverted = register_module("conv_inverted", conv2d(channels, 2 * hidden, 1));
-    conv_depth = register_module("conv_depth", conv2d(2 * hidden, 2 * hidden, 3, 1, true, 2 * hidden));
+    conv_depth =
+        register_module("conv_depth", conv2d(2 * hidden, 2 * hidden, 3, 1, true, 2 * hidden));
     conv_point = register_module("conv_point", conv2d(hidden, channels, 1, 1, /*bias=*/false));
     norm = register_module("norm", ChannelRMSNorm(channels, kNormEps));
 }
@@ -180,20 +195,22 @@ EfficientViTBlockImpl::EfficientViTBlockImpl(int64_t channels, int64_t head_dim,
                                              const std::vector<int64_t>& kernel_sizes,
                                              const std::string& norm_type,
                                              std::shared_ptr<AttentionCalls> calls) {
-    attn = register_module("attn",
-                           MultiscaleLinearAttention(channels, head_dim, kernel_sizes, norm_type, std::move(calls)));
+    attn = register_module("attn", MultiscaleLinearAttention(channels, head_dim, kernel_sizes,
+                                                             norm_type, std::move(calls)));
     conv_out = register_module("conv_out", GLUMBConv(channels));
 }
 
 torch::Tensor EfficientViTBlockImpl::forward(const torch::Tensor& x) { return conv_out(attn(x)); }
 
-DownBlockImpl::DownBlockImpl(int64_t in_channels, int64_t out_channels, bool pixel_unshuffle, bool shortcut)
+DownBlockImpl::DownBlockImpl(int64_t in_channels, int64_t out_channels, bool pixel_unshuffle,
+                             bool shortcut)
     : pixel_unshuffle_(pixel_unshuffle),
       shortcut_(shortcut),
       out_channels_(out_channels),
       group_size_(in_channels * 4 / out_channels) {
-    conv = register_module("conv", conv2d(in_channels, pixel_unshuffle ? out_channels / 4 : out_channels, 3,
-                                          pixel_unshuffle ? 1 : 2));
+    conv = register_module("conv",
+                           conv2d(in_channels, pixel_unshuffle ? out_channels / 4 : out_channels, 3,
+                                  pixel_unshuffle ? 1 : 2));
 }
 
 torch::Tensor DownBlockImpl::forward(const torch::Tensor& x) {
@@ -201,14 +218,16 @@ torch::Tensor DownBlockImpl::forward(const torch::Tensor& x) {
     if (pixel_unshuffle_) h = torch::pixel_unshuffle(h, 2);  // [B, C/4, H, W] -> [B, C, H/2, W/2]
     if (!shortcut_) return h;
     auto y = torch::pixel_unshuffle(x, 2);  // [B, Cin, H, W] -> [B, 4 Cin, H/2, W/2]
-    y = y.reshape({y.size(0), out_channels_, group_size_, y.size(2), y.size(3)})  // -> [B, C, g, H/2, W/2]
-            .mean(2);                                                             // -> [B, C, H/2, W/2]
+    y = y.reshape({y.size(0), out_channels_, group_size_, y.size(2),
+                   y.size(3)})  // -> [B, C, g, H/2, W/2]
+            .mean(2);           // -> [B, C, H/2, W/2]
     return h + y;
 }
 
 UpBlockImpl::UpBlockImpl(int64_t in_channels, int64_t out_channels, bool interpolate, bool shortcut)
     : interpolate_(interpolate), shortcut_(shortcut), repeats_(out_channels * 4 / in_channels) {
-    conv = register_module("conv", conv2d(in_channels, interpolate ? out_channels : 4 * out_channels, 3));
+    conv = register_module("conv",
+                           conv2d(in_channels, interpolate ? out_channels : 4 * out_channels, 3));
 }
 
 torch::Tensor UpBlockImpl::forward(const torch::Tensor& x) {

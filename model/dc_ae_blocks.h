@@ -95,7 +95,8 @@ struct AttentionCalls {
 class MultiscaleLinearAttentionImpl : public torch::nn::Module {
 public:
     MultiscaleLinearAttentionImpl(int64_t channels, int64_t head_dim,
-                                  const std::vector<int64_t>& kernel_sizes, const std::string& norm_type,
+                                  const std::vector<int64_t>& kernel_sizes,
+                                  const std::string& norm_type,
                                   std::shared_ptr<AttentionCalls> calls = nullptr);
     torch::Tensor forward(const torch::Tensor& x);
 
@@ -122,8 +123,9 @@ TORCH_MODULE(GLUMBConv);
 
 class EfficientViTBlockImpl : public torch::nn::Module {
 public:
-    EfficientViTBlockImpl(int64_t channels, int64_t head_dim, const std::vector<int64_t>& kernel_sizes,
-                          const std::string& norm_type, std::shared_ptr<AttentionCalls> calls = nullptr);
+    EfficientViTBlockImpl(int64_t channels, int64_t head_dim,
+                          const std::vector<int64_t>& kernel_sizes, const std::string& norm_type,
+                          std::shared_ptr<AttentionCalls> calls = nullptr);
     torch::Tensor forward(const torch::Tensor& x);
 
     MultiscaleLinearAttention attn{nullptr};

@@ -5,8 +5,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 
@@ -54,7 +54,8 @@ AutoencoderDCConfig shuffle_layout() {
     AutoencoderDCConfig c;
     c.latent_channels = 8;
     c.attention_head_dim = 8;
-    c.encoder_block_types = c.decoder_block_types = {"ResBlock", "ResBlock", "EfficientViTBlock", "EfficientViTBlock"};
+    c.encoder_block_types =
+        c.decoder_block_types = {"ResBlock", "ResBlock", "EfficientViTBlock", "EfficientViTBlock"};
     c.encoder_block_out_channels = c.decoder_block_out_channels = {8, 16, 32, 32};
     c.encoder_layers_per_block = {0, 1, 1, 2};
     c.decoder_layers_per_block = {0, 2, 1, 1};
@@ -73,7 +74,8 @@ void expect_invalid(const std::function<void()>& f, const std::vector<std::strin
         ADD_FAILURE() << "expected sf::Error";
     } catch (const sf::Error& e) {
         EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument) << e.what();
-        for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+        for (const auto& n : needles)
+            EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
     }
 }
 
@@ -84,7 +86,8 @@ TEST(AutoencoderDCConfig, NamedTinyIsTheGoldenConfigFile) {
     const auto from_file = AutoencoderDCConfig::from_json_file(vae_dir());
     EXPECT_TRUE(from_file == AutoencoderDCConfig::named("dc-ae-tiny"));
     EXPECT_EQ(from_file.spatial_compression_ratio(), 8);
-    EXPECT_EQ(from_file.decoder_norm_types, std::vector<std::string>(4, "rms_norm"));  // a string, expanded
+    EXPECT_EQ(from_file.decoder_norm_types,
+              std::vector<std::string>(4, "rms_norm"));  // a string, expanded
 }
 
 TEST(AutoencoderDCConfig, F32C32IsSanasVAE) {
@@ -95,21 +98,23 @@ TEST(AutoencoderDCConfig, F32C32IsSanasVAE) {
     EXPECT_EQ(c.encoder_layers_per_block, (std::vector<int64_t>{2, 2, 2, 3, 3, 3}));
     EXPECT_EQ(c.decoder_layers_per_block, (std::vector<int64_t>{3, 3, 3, 3, 3, 3}));
     EXPECT_DOUBLE_EQ(c.scaling_factor, 0.41407);
-    // The hub's config.json spells the downsampling "Conv"; upstream only tests for
-    // "pixel_unshuffle", so it is the stride-2 conv.
+    // A hub-style config.json: per-stage lists, shared strings, and the downsampling spelt "Conv"
+    // as published Sana VAE configs spell it (upstream only tests for "pixel_unshuffle", so it
+    // is the stride-2 conv).
     const auto hub = AutoencoderDCConfig::from_json_text(R"({
-        "_class_name": "AutoencoderDC", "_diffusers_version": "0.32.0.dev0", "attention_head_dim": 32,
-        "decoder_act_fns": "silu", "decoder_block_out_channels": [128, 256, 512, 512, 1024, 1024],
-        "decoder_block_types": ["ResBlock", "ResBlock", "ResBlock", "EfficientViTBlock", "EfficientViTBlock",
-                                "EfficientViTBlock"],
+        "_class_name": "AutoencoderDC", "attention_head_dim": 32, "decoder_act_fns": "silu",
+        "decoder_block_out_channels": [128, 256, 512, 512, 1024, 1024],
+        "decoder_block_types": ["ResBlock", "ResBlock", "ResBlock",
+            "EfficientViTBlock", "EfficientViTBlock", "EfficientViTBlock"],
         "decoder_layers_per_block": [3, 3, 3, 3, 3, 3], "decoder_norm_types": "rms_norm",
         "decoder_qkv_multiscales": [[], [], [], [5], [5], [5]], "downsample_block_type": "Conv",
         "encoder_block_out_channels": [128, 256, 512, 512, 1024, 1024],
-        "encoder_block_types": ["ResBlock", "ResBlock", "ResBlock", "EfficientViTBlock", "EfficientViTBlock",
-                                "EfficientViTBlock"],
-        "encoder_layers_per_block": [2, 2, 2, 3, 3, 3], "encoder_qkv_multiscales": [[], [], [], [5], [5], [5]],
-        "in_channels": 3, "latent_channels": 32, "scaling_factor": 0.41407, "upsample_block_type": "interpolate",
-        "some_future_key": {"ignored": true}})");
+        "encoder_block_types": ["ResBlock", "ResBlock", "ResBlock",
+            "EfficientViTBlock", "EfficientViTBlock", "EfficientViTBlock"],
+        "encoder_layers_per_block": [2, 2, 2, 3, 3, 3],
+        "encoder_qkv_multiscales": [[], [], [], [5], [5], [5]],
+        "in_channels": 3, "latent_channels": 32, "scaling_factor": 0.41407,
+        "upsample_block_type": "interpolate", "some_future_key": {"ignored": true}})");
     EXPECT_TRUE(hub == c);
     EXPECT_FALSE(hub.downsample_is_pixel_unshuffle());
     EXPECT_TRUE(AutoencoderDCConfig::from_json_text(c.to_json_text()) == c);  // round trip
@@ -121,20 +126,23 @@ TEST(AutoencoderDCConfig, WrongTypesAndValuesNameTheKeyAndTheFile) {
     sf::test::write_file(file, R"({"latent_channels": "8"})");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"latent_channels", file});
     sf::test::write_file(file, R"({"decoder_norm_types": ["rms_norm", 3]})");
-    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"decoder_norm_types", file});
+    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); },
+                   {"decoder_norm_types", file});
     sf::test::write_file(file, R"({"encoder_qkv_multiscales": [5, 5]})");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"encoder_qkv_multiscales"});
     sf::test::write_file(file, R"({"encoder_layers_per_block": [2, 2]})");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); },
                    {"encoder_layers_per_block", "has 2 entries", "6", file});
     sf::test::write_file(file, R"({"decoder_norm_types": "layer_norm"})");
-    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"decoder_norm_types", "layer_norm"});
+    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); },
+                   {"decoder_norm_types", "layer_norm"});
     sf::test::write_file(file, R"({"upsample_block_type": "InterpolateConv"})");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"upsample_block_type"});
     sf::test::write_file(file, R"({"latent_channels": 48})");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"latent_channels", "1024"});
     sf::test::write_file(file, R"({"encoder_qkv_multiscales": [[], [], [], [4], [5], [5]]})");
-    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {"encoder_qkv_multiscales", "stage 3"});
+    expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); },
+                   {"encoder_qkv_multiscales", "stage 3"});
     sf::test::write_file(file, "{not json");
     expect_invalid([&] { AutoencoderDCConfig::from_json_file(file); }, {file});
     expect_invalid([] { AutoencoderDCConfig::named("dc-ae-f64"); }, {"dc-ae-f64", "dc-ae-f32c32"});
@@ -185,7 +193,33 @@ TEST(AutoencoderDCGolden, EncoderOnlyLoadsWithoutTheDecoderAndEncodesTheSame) {
     EXPECT_LT(parameter_count(*encoder_only), parameter_count(*full));
     const auto image = sf::test::load_ref("vae_encode_decode.safetensors").at("image");
     EXPECT_TRUE(torch::equal(encoder_only->encode(image), full->encode(image)));
-    expect_invalid([&] { encoder_only->decode(torch::zeros({1, 8, 2, 2})); }, {"without its decoder"});
+    expect_invalid(
+        [&] {
+            encoder_only->decode(torch::zeros({1, 8, 2, 2}));
+        },
+        {"without its decoder"});
+}
+
+TEST(AutoencoderDCGolden, Bf16WeightsEncodeAndDecodeCloseToFp32) {
+    if (!have_golden()) GTEST_SKIP();
+    torch::NoGradGuard no_grad;
+    sf::model::LoadOptions bf16;
+    bf16.dtype = torch::kBFloat16;
+    auto vae = sf::model::load_autoencoder_dc(vae_dir(), true, bf16);
+    auto ref = sf::test::load_ref("vae_encode_decode.safetensors");
+    const auto latent = vae->encode(ref.at("image").to(torch::kBFloat16));
+    EXPECT_EQ(latent.scalar_type(), torch::kBFloat16);
+    const auto decoded = vae->decode(ref.at("latent").to(torch::kBFloat16));
+    EXPECT_EQ(decoded.scalar_type(), torch::kBFloat16);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& e) {
+        return ((a.to(torch::kFloat32) - e).norm() / e.norm()).item<double>();
+    };
+    const double latent_err = rel(latent, ref.at("latent")),
+                 decoded_err = rel(decoded, ref.at("decoded"));
+    std::printf("bf16 vs upstream fp32: latent rel. error %.4f, decoded %.4f\n", latent_err,
+                decoded_err);
+    EXPECT_LT(latent_err, 0.05);
+    EXPECT_LT(decoded_err, 0.05);
 }
 
 // ---- shapes, tiling, determinism ----
@@ -210,7 +244,11 @@ TEST(AutoencoderDC, F32ArchitectureTurns1024PxInto32x32x32) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     EXPECT_TRUE(torch::allclose(vae->unscale_latent(vae->scale_latent(latent)), latent, 1e-6, 0));
     // Sizes the encoder cannot halve five times are refused, not silently cropped.
-    expect_invalid([&] { vae->encode(torch::zeros({1, 3, 1000, 1024})); }, {"multiples of 32", "1000"});
+    expect_invalid(
+        [&] {
+            vae->encode(torch::zeros({1, 3, 1000, 1024}));
+        },
+        {"multiples of 32", "1000"});
     expect_invalid([&] { vae->encode(torch::zeros({1, 4, 64, 64})); }, {"[B, 3, H, W]"});
 }
 
@@ -224,11 +262,13 @@ TEST(AutoencoderDC, ShuffleLayoutBuildsUpstreamsNamesAndShapes) {
     EXPECT_EQ(shapes.at("encoder.conv_in.conv.weight"), (std::vector<int64_t>{4, 3, 3, 3}));
     EXPECT_EQ(shapes.at("decoder.conv_out.conv.weight"), (std::vector<int64_t>{12, 16, 3, 3}));
     EXPECT_EQ(shapes.at("decoder.norm_out.weight"), (std::vector<int64_t>{16}));
-    EXPECT_EQ(shapes.at("encoder.down_blocks.1.1.conv.weight"), (std::vector<int64_t>{8, 16, 3, 3}));
+    EXPECT_EQ(shapes.at("encoder.down_blocks.1.1.conv.weight"),
+              (std::vector<int64_t>{8, 16, 3, 3}));
     EXPECT_EQ(shapes.at("decoder.up_blocks.1.0.conv.weight"), (std::vector<int64_t>{64, 32, 3, 3}));
     EXPECT_EQ(shapes.at("decoder.up_blocks.1.1.norm.running_var"), (std::vector<int64_t>{16}));
     EXPECT_EQ(shapes.count("decoder.up_blocks.1.1.norm.num_batches_tracked"), 1u);
-    EXPECT_EQ(shapes.at("encoder.down_blocks.3.0.attn.to_out.weight"), (std::vector<int64_t>{32, 32}));
+    EXPECT_EQ(shapes.at("encoder.down_blocks.3.0.attn.to_out.weight"),
+              (std::vector<int64_t>{32, 32}));
     EXPECT_EQ(shapes.count("encoder.down_blocks.0.0.conv1.weight"), 0u);
     const auto latent = vae->encode(torch::rand({2, 3, 32, 48}));
     EXPECT_EQ(latent.sizes(), (std::vector<int64_t>{2, 8, 4, 6}));
@@ -266,15 +306,18 @@ TEST(AutoencoderDC, TiledEncodeIsUpstreamsTileGrid) {
     EXPECT_EQ(tiles, 6);
     ASSERT_EQ(tiled.sizes(), (std::vector<int64_t>{2, 8, 14, 10}));
     const auto t00 = vae->encode(image.slice(2, 0, 64).slice(3, 0, 64));
-    const auto t01 = vae->encode(torch::constant_pad_nd(image.slice(2, 0, 64).slice(3, 48, 84), {0, 4, 0, 0}));
+    const auto t01 =
+        vae->encode(torch::constant_pad_nd(image.slice(2, 0, 64).slice(3, 48, 84), {0, 4, 0, 0}));
     // The first tile's own part is that tile's latent.
-    EXPECT_TRUE(torch::equal(tiled.slice(2, 0, 6).slice(3, 0, 6), t00.slice(2, 0, 6).slice(3, 0, 6)));
+    EXPECT_TRUE(
+        torch::equal(tiled.slice(2, 0, 6).slice(3, 0, 6), t00.slice(2, 0, 6).slice(3, 0, 6)));
     // Across the seam the second tile fades in linearly: weight 0 then 1/2 over the 2 columns.
     EXPECT_TRUE(torch::equal(tiled.slice(2, 0, 6).select(3, 6), t00.slice(2, 0, 6).select(3, 6)));
-    EXPECT_TRUE(torch::allclose(tiled.slice(2, 0, 6).select(3, 7),
-                                t00.slice(2, 0, 6).select(3, 7) * 0.5 + t01.slice(2, 0, 6).select(3, 1) * 0.5,
-                                1e-6, 1e-7));
-    EXPECT_TRUE(torch::equal(tiled.slice(2, 0, 6).slice(3, 8, 10), t01.slice(2, 0, 6).slice(3, 2, 4)));
+    EXPECT_TRUE(torch::allclose(
+        tiled.slice(2, 0, 6).select(3, 7),
+        t00.slice(2, 0, 6).select(3, 7) * 0.5 + t01.slice(2, 0, 6).select(3, 1) * 0.5, 1e-6, 1e-7));
+    EXPECT_TRUE(
+        torch::equal(tiled.slice(2, 0, 6).slice(3, 8, 10), t01.slice(2, 0, 6).slice(3, 2, 4)));
 
     // The encoder attends globally, so tiles see less context than the whole image: close, not
     // equal. Printed for the record.
@@ -293,7 +336,8 @@ TEST(AutoencoderDC, TiledDecodeMatchesDecodeForOneTileAndCoversTheImage) {
     torch::manual_seed(6);
     const auto latent = torch::randn({1, 8, 8, 6});
     int64_t tiles = 0;
-    EXPECT_TRUE(torch::equal(vae->decode_tiled(latent, {64, 64, 64, 64}, &tiles), vae->decode(latent)));
+    EXPECT_TRUE(
+        torch::equal(vae->decode_tiled(latent, {64, 64, 64, 64}, &tiles), vae->decode(latent)));
     EXPECT_EQ(tiles, 1);
     const auto big = torch::randn({1, 8, 14, 10});
     const auto decoded = vae->decode_tiled(big, {64, 64, 48, 48}, &tiles);
@@ -312,7 +356,8 @@ TEST(AutoencoderDC, RefusesACheckpointWithMissingMisshapedOrUnexpectedTensors) {
     for (const auto& [name, tensor] : sf::model::state_dict(*source)) {
         if (name == "encoder.conv_out.bias") continue;
         at::Tensor t = tensor.detach().contiguous();
-        if (name == "decoder.norm_out.weight" || name == "encoder.down_blocks.2.0.attn.to_q.weight") {
+        if (name == "decoder.norm_out.weight" ||
+            name == "encoder.down_blocks.2.0.attn.to_q.weight") {
             t = torch::zeros({5});
         }
         keep.push_back(t);
@@ -323,11 +368,12 @@ TEST(AutoencoderDC, RefusesACheckpointWithMissingMisshapedOrUnexpectedTensors) {
     sf::storage::write_safetensors_file(file, views, {});
 
     AutoencoderDC full(AutoencoderDCConfig::named("dc-ae-tiny"));
-    expect_invalid([&] { sf::model::load_autoencoder_dc_weights(full, file); },
-                   {file, "1 missing", "encoder.conv_out.bias [8]", "2 misshaped",
-                    "decoder.norm_out.weight: checkpoint has [5], model wants [8]",
-                    "encoder.down_blocks.2.0.attn.to_q.weight: checkpoint has [5], model wants [32, 32]",
-                    "1 unexpected", "encoder.extra.weight"});
+    expect_invalid(
+        [&] { sf::model::load_autoencoder_dc_weights(full, file); },
+        {file, "1 missing", "encoder.conv_out.bias [8]", "2 misshaped",
+         "decoder.norm_out.weight: checkpoint has [5], model wants [8]",
+         "encoder.down_blocks.2.0.attn.to_q.weight: checkpoint has [5], model wants [32, 32]",
+         "1 unexpected", "encoder.extra.weight"});
     // Without the decoder, the decoder's tensors are not looked at; the encoder's still are.
     AutoencoderDC encoder_only(AutoencoderDCConfig::named("dc-ae-tiny"), /*with_decoder=*/false);
     try {
@@ -343,8 +389,8 @@ TEST(AutoencoderDC, RefusesACheckpointWithMissingMisshapedOrUnexpectedTensors) {
 // ---- parameter counts ----
 
 TEST(AutoencoderDC, AnalyticParameterCountEqualsTheModules) {
-    for (const auto& config : {AutoencoderDCConfig::named("dc-ae-tiny"), narrow_f32c32(/*full_depth=*/true),
-                               shuffle_layout()}) {
+    for (const auto& config : {AutoencoderDCConfig::named("dc-ae-tiny"),
+                               narrow_f32c32(/*full_depth=*/true), shuffle_layout()}) {
         AutoencoderDC full(config);
         AutoencoderDC encoder_only(config, /*with_decoder=*/false);
         EXPECT_EQ(dc_ae_parameter_count(config), parameter_count(*full));
@@ -357,7 +403,8 @@ TEST(AutoencoderDC, AnalyticParameterCountEqualsTheModules) {
 
 TEST(AutoencoderDC, F32C32ParameterCount) {
     const auto config = AutoencoderDCConfig::named("dc-ae-f32c32");
-    const int64_t encoder = dc_ae_parameter_count(config, false), full = dc_ae_parameter_count(config);
+    const int64_t encoder = dc_ae_parameter_count(config, false),
+                  full = dc_ae_parameter_count(config);
     std::printf("dc-ae-f32c32 parameters: encoder %lld, decoder %lld, total %lld\n",
                 static_cast<long long>(encoder), static_cast<long long>(full - encoder),
                 static_cast<long long>(full));
