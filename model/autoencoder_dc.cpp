@@ -80,7 +80,8 @@ torch::Tensor assemble(std::vector<std::vector<torch::Tensor>>& tiles, int64_t b
             auto& tile = tiles[i][j];
             if (i > 0) blend(tiles[i - 1][j], tile, blend_h, 2);
             if (j > 0) blend(tiles[i][j - 1], tile, blend_w, 3);
-            row.push_back(tile.slice(2, 0, keep_h).slice(3, 0, keep_w));
+            row.push_back(
+                tile.slice(2, 0, keep_h).slice(3, 0, keep_w));  // -> [B, C, keep_h, keep_w]
         }
         rows.push_back(torch::cat(row, 3));  // tiles side by side: [B, C, keep_h, W']
     }
@@ -223,6 +224,7 @@ torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, const 
     for (int64_t i = 0; i < height; i += t.stride_height) {
         auto& row = grid.emplace_back();
         for (int64_t j = 0; j < width; j += t.stride_width) {
+            // [B, 3, H, W] -> [B, 3, <= tile_height, <= tile_width]
             auto x = image.slice(2, i, i + t.tile_height).slice(3, j, j + t.tile_width);
             const int64_t pad_h = (r - x.size(2) % r) % r, pad_w = (r - x.size(3) % r) % r;
             if (pad_h != 0 || pad_w != 0) x = torch::constant_pad_nd(x, {0, pad_w, 0, pad_h}, 0.0);
@@ -253,6 +255,7 @@ torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const
     for (int64_t i = 0; i < latent.size(2); i += step_h) {
         auto& row = grid.emplace_back();
         for (int64_t j = 0; j < latent.size(3); j += step_w) {
+            // [B, L, h, w] -> [B, L, <= tile_h, <= tile_w] -> [B, 3, <= tile_h r, <= tile_w r]
             row.push_back(decoder(latent.slice(2, i, i + tile_h).slice(3, j, j + tile_w)));
             ++count;
         }

@@ -218,10 +218,9 @@ torch::Tensor DownBlockImpl::forward(const torch::Tensor& x) {
     if (pixel_unshuffle_) h = torch::pixel_unshuffle(h, 2);  // [B, C/4, H, W] -> [B, C, H/2, W/2]
     if (!shortcut_) return h;
     auto y = torch::pixel_unshuffle(x, 2);  // [B, Cin, H, W] -> [B, 4 Cin, H/2, W/2]
-    y = y.reshape({y.size(0), out_channels_, group_size_, y.size(2),
-                   y.size(3)})  // -> [B, C, g, H/2, W/2]
-            .mean(2);           // -> [B, C, H/2, W/2]
-    return h + y;
+    const int64_t b = y.size(0), height = y.size(2), width = y.size(3);
+    y = y.reshape({b, out_channels_, group_size_, height, width});  // -> [B, C, g, H/2, W/2]
+    return h + y.mean(2);                                           // -> [B, C, H/2, W/2]
 }
 
 UpBlockImpl::UpBlockImpl(int64_t in_channels, int64_t out_channels, bool interpolate, bool shortcut)
