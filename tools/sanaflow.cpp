@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/threads.h"
 #include "pipelines/inspect.h"
+#include "pipelines/models_table.h"
 #include "pipelines/prep.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
@@ -38,6 +40,23 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->capture_default_str();
     cmd->add_option("--max_in_flight", o.max_in_flight, "bound on decoded samples in memory (0: 4 x workers)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
+                    "diffusers-layout model directory (vae/, text_encoder/, tokenizer/)")
+        ->check(CLI::ExistingDirectory);
+    cmd->add_option("--model", o.model, "built-in models when no weights are given (seeded random weights)")
+        ->check(CLI::IsMember({"tiny"}))
+        ->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")->capture_default_str();
+    cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--mixed_precision", o.mixed_precision, "dtype of the frozen encoders: no, fp16 or bf16")
+        ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+        ->capture_default_str();
+    cmd->add_option("--vae_batch_size", o.vae_batch_size, "images per VAE forward")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    cmd->add_option("--text_batch_size", o.text_batch_size, "captions per text-encoder forward")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
     cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
@@ -101,6 +120,7 @@ int run_demo_command(const std::string&, int) {
 
 int main(int argc, char** argv) {
     sf::mem::install_counting_allocator();
+    sf::set_torch_threads();
 
     CLI::App app{"sanaflow: train Sana-style diffusion transformers from a cache of latents, "
                  "without running out of memory"};
@@ -124,6 +144,8 @@ int main(int argc, char** argv) {
     inspect_cmd->add_option("cache", inspect_dir, "cache directory")->required()->check(CLI::ExistingDirectory);
     inspect_cmd->add_flag("--verify", verify, "decode every record and check its checksum");
 
+    auto* models_cmd = app.add_subcommand("models", "list the built-in model configurations and their parameter counts");
+
     std::string demo_dir = "demo-out";
     int demo_images = 24;
     auto* demo_cmd = app.add_subcommand("demo", "generate a small dataset, prep it, inspect the cache");
@@ -144,6 +166,10 @@ int main(int argc, char** argv) {
         if (*prep_cmd) return run_prep_command(prep);
         if (*inspect_cmd) return run_inspect_command(inspect_dir, verify);
         if (*demo_cmd) return run_demo_command(demo_dir, demo_images);
+        if (*models_cmd) {
+            std::cout << sf::pipelines::models_table();
+            return 0;
+        }
     } catch (const sf::Error& e) {
         std::fprintf(stderr, "sanaflow: %s\n", e.what());
         return 2;

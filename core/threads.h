@@ -1,0 +1,10 @@
+// LibTorch's intra-op thread count. Debian's LibTorch starts with one thread; sanaflow programs
+// set it to the core count (or SANAFLOW_THREADS) once at start.
+#pragma once
+
+namespace sf {
+
+// n <= 0: SANAFLOW_THREADS if set, else the number of cores. Returns the count set.
+int set_torch_threads(int n = 0);
+
+}  // namespace sf
