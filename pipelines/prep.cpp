@@ -129,6 +129,45 @@ void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r) {
     writer.add_reject(source, r.stage, reason);
 }
 
+// The text phase: the missing captions, each distinct one once, through the text encoder in
+// batches, with the encoder on the device (and the lease held) for this phase only.
+void run_text_phase(const EncodeTextStage& stage, storage::Cache& cache, const std::vector<PlannedSample>& plan,
+                    const PrepOptions& o, PrepReport& report) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> captions;
+    {
+        const storage::CacheReader texts(cache, kTextDb);
+        std::set<std::string> seen;
+        for (const auto& p : plan) {
+            if (p.sample.path.empty() || !seen.insert(p.text_key).second) continue;
+            if (!texts.contains(p.text_key)) captions.push_back(p.sample.caption);
+        }
+    }
+    int64_t peak = 0;
+    if (!captions.empty()) {
+        auto lease = graph::device_lease().acquire("encode_text");
+        storage::CacheWriter writer(cache, kTextDb, static_cast<size_t>(o.commit_batch));
+        auto session = stage.open();
+        report.models_loaded.push_back("encode_text");
+        graph::Progress progress("prep/text", static_cast<int64_t>(captions.size()));
+        const size_t bs = static_cast<size_t>(o.text_batch_size);
+        for (size_t i = 0; i < captions.size(); i += bs) {
+            const std::vector<std::string> batch(captions.begin() + i,
+                                                 captions.begin() + std::min(captions.size(), i + bs));
+            auto features = session->encode(batch);
+            for (size_t j = 0; j < batch.size(); ++j) {
+                writer.put(stage.key(batch[j]), stage.record(features[j], batch[j]));
+            }
+            progress.advance(static_cast<int64_t>(batch.size()));
+        }
+        writer.flush();
+        peak = mem::cpu_stats().peak;  // since the model's load reset it
+        session.reset();
+        report.texts_written = static_cast<int64_t>(captions.size());
+    }
+    report.stages.push_back({"text", static_cast<int64_t>(captions.size()), 0, seconds_since(t0), peak});
+}
+
 }  // namespace
 
 std::string PrepReport::table() const {
@@ -206,6 +245,7 @@ PrepReport run_prep(const PrepOptions& o) {
     if (vae_stage) ensure("encode_vae", vae_stage->fingerprint(), kLatentsDb);
     const std::string decode_fp_hash = storage::fingerprint_hash(decode_fp);
     const std::string vae_fp_hash = vae_stage ? storage::fingerprint_hash(vae_stage->fingerprint()) : "";
+    const std::string text_fp_hash = text_stage ? storage::fingerprint_hash(text_stage->fingerprint()) : "";
 
     storage::CacheWriter samples_writer(cache, kSamplesDb, static_cast<size_t>(o.commit_batch));
     for (const auto& [source, reason] : scan.rejects) samples_writer.add_reject(source, "scan", reason);
@@ -239,8 +279,11 @@ PrepReport run_prep(const PrepOptions& o) {
                           }
                           // An edited image or caption gets a new sample key, a renamed file keeps it;
                           // the latent depends on the image alone, so a caption edit reuses it.
+                          // The sample record names its latent and text records, so their
+                          // stages' fingerprints are part of its key.
                           p->sample_key = storage::content_key_of(
-                              bytes, {{"decoder", decode_fp_hash}, {"caption", p->sample.caption}});
+                              bytes, {{"decoder", decode_fp_hash}, {"caption", p->sample.caption},
+                                      {"vae", vae_fp_hash}, {"text", text_fp_hash}});
                           if (vae_stage) {
                               p->latent_key = storage::content_key_of(
                                   bytes, {{"decoder", decode_fp_hash}, {"vae", vae_fp_hash}});
@@ -270,40 +313,7 @@ PrepReport run_prep(const PrepOptions& o) {
     }
     report.stages.push_back({"index", report.scanned, rejected_in_index, seconds_since(index_t0), 0});
 
-    // --- text: the missing captions, each distinct one once. --------------------------------
-    if (text_stage) {
-        const auto text_t0 = std::chrono::steady_clock::now();
-        std::vector<std::string> captions;
-        {
-            const storage::CacheReader texts(cache, kTextDb);
-            std::set<std::string> seen;
-            for (const auto& p : plan) {
-                if (p.sample.path.empty() || !seen.insert(p.text_key).second) continue;
-                if (!texts.contains(p.text_key)) captions.push_back(p.sample.caption);
-            }
-        }
-        if (!captions.empty()) {
-            auto lease = graph::device_lease().acquire("encode_text");
-            storage::CacheWriter writer(cache, kTextDb, static_cast<size_t>(o.commit_batch));
-            auto session = text_stage->open();
-            report.models_loaded.push_back("encode_text");
-            graph::Progress progress("prep/text", static_cast<int64_t>(captions.size()));
-            const size_t bs = static_cast<size_t>(o.text_batch_size);
-            for (size_t i = 0; i < captions.size(); i += bs) {
-                std::vector<std::string> batch(captions.begin() + i, captions.begin() + std::min(captions.size(), i + bs));
-                auto features = session->encode(batch);
-                for (size_t j = 0; j < batch.size(); ++j) {
-                    writer.put(text_stage->key(batch[j]), text_stage->record(features[j], batch[j]));
-                }
-                progress.advance(static_cast<int64_t>(batch.size()));
-            }
-            writer.flush();
-            session.reset();
-            report.texts_written = static_cast<int64_t>(captions.size());
-        }
-        report.stages.push_back({"text", static_cast<int64_t>(captions.size()), 0, seconds_since(text_t0),
-                                 captions.empty() ? 0 : mem::cpu_stats().peak});
-    }
+    if (text_stage) run_text_phase(*text_stage, cache, plan, o, report);
 
     // --- image: decode what is missing, and VAE-encode what lacks a latent. -------------------
     // Ordered by predicted bucket, so that the VAE's batches are mostly of one size.

@@ -122,6 +122,8 @@ TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
     std::filesystem::rename(tmp.file("data/img_1.txt"), tmp.file("data/renamed_1.txt"));
     auto third = run_prep(o);
     EXPECT_EQ(third.written, 3);
+    EXPECT_EQ(third.latents_written, 3);
+    EXPECT_EQ(third.texts_written, 3);
     EXPECT_EQ(third.cached, 12);
     EXPECT_EQ(samples_in(o.cache_dir), 15);
 
@@ -163,6 +165,22 @@ TEST(PrepIntegration, ChangedFingerprintIsRefusedUnlessRebuilt) {
         EXPECT_NE(msg.find("--rebuild"), std::string::npos) << msg;
     }
     EXPECT_EQ(samples_in(o.cache_dir), 4);  // refusing touched nothing
+
+    // Other encoder weights (here: another seed of the built-in models) are refused too, naming
+    // the weights; --rebuild then redoes only the stages whose fingerprint changed.
+    PrepOptions other_weights = options_for(tmp);
+    other_weights.seed = 7;
+    try {
+        run_prep(other_weights);
+        FAIL() << "latents made by other VAE weights must be refused";
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("weights"), std::string::npos) << e.what();
+    }
+    other_weights.rebuild = true;
+    auto reweighted = run_prep(other_weights);
+    EXPECT_EQ(reweighted.written, 4);  // sample records name their latent and text keys
+    EXPECT_EQ(reweighted.latents_written, 4);
+    EXPECT_EQ(reweighted.texts_written, 4);
 
     o.rebuild = true;
     auto rebuilt = run_prep(o);
