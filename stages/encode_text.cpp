@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "model/gemma2.h"
 #include "model/text_prompt.h"
 #include "model/tokenizer.h"
@@ -80,6 +81,7 @@ public:
     }
 
     std::vector<at::Tensor> encode(const std::vector<std::string>& captions) override {
+        use_torch_threads();  // OpenMP's thread count is per calling thread
         torch::NoGradGuard no_grad;
         model::PromptEmbeddings out = prompt_->encode(captions);  // [B, L, hidden], [B, L]
         std::vector<at::Tensor> features;
