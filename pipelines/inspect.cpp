@@ -51,11 +51,9 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
     }
 
     out += "fingerprints:\n";
-    for (const std::string stage : {"decode_image", "encode_text", "encode_vae"}) {
-        auto fp = cache.fingerprint(stage);
-        if (!fp) continue;
-        out += fmt::format("  {} {}\n", stage, storage::fingerprint_hash(*fp));
-        for (const auto& [field, value] : *fp) out += fmt::format("    {} = {}\n", field, value);
+    for (const auto& [stage, fp] : cache.fingerprints()) {
+        out += fmt::format("  {} {}\n", stage, storage::fingerprint_hash(fp));
+        for (const auto& [field, value] : fp) out += fmt::format("    {} = {}\n", field, value);
     }
 
     const auto rejects = cache.rejects();

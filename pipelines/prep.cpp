@@ -117,8 +117,15 @@ void validate(const PrepOptions& o) {
     }
 }
 
-ModelSource model_source(const PrepOptions& o, const char* builtin) {
-    return ModelSource{o.pretrained_model_name_or_path, builtin, o.seed};
+// The fields every encoder stage's config shares, from the prep flags.
+template <typename Config>
+Config encoder_config(const PrepOptions& o, const char* builtin, int batch_size) {
+    Config c;
+    c.model = ModelSource{o.pretrained_model_name_or_path, builtin, o.seed};
+    c.device = o.device;
+    c.mixed_precision = o.mixed_precision;
+    c.batch_size = batch_size;
+    return c;
 }
 
 // Reports a reject to the cache: stages prefix reasons with the file name, the list keys by it.
@@ -199,23 +206,9 @@ PrepReport run_prep(const PrepOptions& o) {
     const DecodeImageStage decoder(decode_config);
 
     std::unique_ptr<EncodeTextStage> text_stage;
-    if (o.text) {
-        EncodeTextConfig c;
-        c.model = model_source(o, "gemma-2-tiny");
-        c.device = o.device;
-        c.mixed_precision = o.mixed_precision;
-        c.batch_size = o.text_batch_size;
-        text_stage = std::make_unique<EncodeTextStage>(c);
-    }
+    if (o.text) text_stage = std::make_unique<EncodeTextStage>(encoder_config<EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size));
     std::unique_ptr<EncodeVAEStage> vae_stage;
-    if (o.vae) {
-        EncodeVAEConfig c;
-        c.model = model_source(o, "dc-ae-tiny");
-        c.device = o.device;
-        c.mixed_precision = o.mixed_precision;
-        c.batch_size = o.vae_batch_size;
-        vae_stage = std::make_unique<EncodeVAEStage>(c);
-    }
+    if (o.vae) vae_stage = std::make_unique<EncodeVAEStage>(encoder_config<EncodeVAEConfig>(o, "dc-ae-tiny", o.vae_batch_size));
 
     // Scan.
     DatasetConfig dataset;

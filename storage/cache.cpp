@@ -198,6 +198,19 @@ std::optional<Fingerprint> Cache::fingerprint(const std::string& stage) {
     return fingerprint_from_json(*json, "cache " + dir() + " fingerprint of stage '" + stage + "'");
 }
 
+std::map<std::string, Fingerprint> Cache::fingerprints() {
+    std::map<std::string, Fingerprint> out;
+    auto db = env_->open_db(kFingerprintsDb, false);
+    if (!db) return out;
+    LMDBTxn txn(env_, LMDBTxn::Mode::kRead);
+    LMDBCursor cursor(txn, *db);
+    for (bool ok = cursor.first(); ok; ok = cursor.next()) {
+        std::string stage(cursor.key());
+        out[stage] = fingerprint_from_json(cursor.value(), "cache " + dir() + " fingerprint of stage '" + stage + "'");
+    }
+    return out;
+}
+
 std::string Cache::reject_key(const std::string& source) const {
     size_t limit = env_->max_key_size();
     if (!source.empty() && source.size() <= limit) return source;

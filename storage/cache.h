@@ -104,6 +104,8 @@ public:
     FingerprintStatus ensure_fingerprint(const std::string& stage, const Fingerprint& wanted,
                                          const std::vector<std::string>& stage_dbs, bool rebuild);
     std::optional<Fingerprint> fingerprint(const std::string& stage);
+    // Every stored fingerprint, by stage name.
+    std::map<std::string, Fingerprint> fingerprints();
 
     std::optional<RejectEntry> reject(const std::string& source);
     std::vector<RejectEntry> rejects();

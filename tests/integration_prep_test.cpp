@@ -15,6 +15,8 @@
 #include "pipelines/prep.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
+#include "storage/cache_writer.h"
+#include "model/autoencoder_dc_config.h"
 #include "storage/tensor_record.h"
 #include "test_util.h"
 
@@ -102,9 +104,12 @@ TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
         auto r = sf::storage::decode_record(frame, std::string(key));
         const auto& latent = r.tensors.at("latent");
         ASSERT_EQ(latent.shape.size(), 3u);
-        // The tiny DC-AE compresses like the real one's first stages; the bucket divides evenly.
-        EXPECT_GT(latent.shape[1], 0);
-        EXPECT_NE(r.metadata.at("stage"), "");
+        // [C, H / r, W / r] of the bucket the record names.
+        const int64_t ratio = sf::model::AutoencoderDCConfig::named("dc-ae-tiny").spatial_compression_ratio();
+        EXPECT_EQ(latent.shape[0], sf::model::AutoencoderDCConfig::named("dc-ae-tiny").latent_channels);
+        EXPECT_EQ(std::to_string(latent.shape[1] * ratio) + "x" + std::to_string(latent.shape[2] * ratio),
+                  r.metadata.at("bucket"));
+        EXPECT_EQ(r.metadata.at("stage"), "encode_vae");
     });
     sf::storage::CacheReader texts(cache, "text");
     EXPECT_EQ(texts.count(), 14u);
@@ -146,6 +151,9 @@ TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
     EXPECT_TRUE(inspect.ok);
     EXPECT_NE(inspect.text.find("verify: "), std::string::npos);
     EXPECT_NE(inspect.text.find("0 corrupt"), std::string::npos) << inspect.text;
+    for (const char* stage : {"decode_image", "encode_text", "encode_vae"}) {
+        EXPECT_NE(inspect.text.find(std::string("  ") + stage + " "), std::string::npos) << stage << inspect.text;
+    }
 }
 
 TEST(PrepIntegration, ChangedFingerprintIsRefusedUnlessRebuilt) {
@@ -282,6 +290,21 @@ TEST(Cli, PrepThenInspectVerifyThroughTheProgram) {
     EXPECT_NE(inspect.output.find("samples"), std::string::npos);
     EXPECT_NE(inspect.output.find("samples per bucket"), std::string::npos) << inspect.output;
     EXPECT_NE(inspect.output.find(", 0 corrupt"), std::string::npos) << inspect.output;
+
+    // A damaged record: inspect --verify names it and exits with status 3.
+    {
+        auto cache = sf::storage::Cache::open(tmp.file("cache"));
+        sf::storage::CacheReader latents(cache, "latents");
+        const std::string key = latents.keys().front();
+        std::string frame = *latents.get_raw(key);
+        frame[frame.size() / 2] ^= 0x5a;
+        sf::storage::CacheWriter writer(cache, "latents", 1);
+        writer.put_raw(key, frame);
+        writer.flush();
+    }
+    auto damaged = sf::test::run_command(kSanaflow + " inspect " + tmp.file("cache") + " --verify");
+    EXPECT_EQ(damaged.exit_code, 3) << damaged.output;
+    EXPECT_NE(damaged.output.find(", 1 corrupt"), std::string::npos) << damaged.output;
 }
 
 }  // namespace

@@ -65,9 +65,6 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
 
 #if defined(SANAFLOW_WITH_MEDIA)
 int run_prep_command(const PrepOptions& o) {
-    if (o.instance_data_dir.empty() && o.manifest.empty()) {
-        throw sf::Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
-    }
     auto report = sf::pipelines::run_prep(o);
     std::cout << report.table();
     return 0;
