@@ -49,6 +49,19 @@ private:
     int64_t previous_;
 };
 
+// Blocks of 1 MiB and more freed by the counting allocator are pooled for reuse (by size class)
+// rather than returned to the C library, which would unmap them and fault their pages back in on
+// the next forward; the pool is bounded (default 4 GiB, SANAFLOW_CPU_POOL_MB) and frees pooled
+// blocks before mapping new ones, so it never raises the peak resident set. Pooled bytes are not
+// counted in cpu_stats(), like the CUDA allocator's reserved-but-free memory.
+int64_t cpu_pooled_bytes();
+void set_cpu_pool_limit(int64_t bytes);  // 0 disables pooling
+int64_t cpu_pool_limit();
+
+// Hands memory held for reuse back to the system: the CPU pool and the CUDA caching allocator.
+// Called between phases, after a model is freed.
+void empty_cache();
+
 // CUDA caching-allocator statistics for `device`; zeros when built without CUDA or no GPU.
 Stats cuda_stats(int device = 0);
 bool cuda_available();

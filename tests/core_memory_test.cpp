@@ -129,12 +129,65 @@ TEST(MemoryMeter, MarksCollectIntoATable) {
 }
 
 TEST(MemoryMeter, PeakRssRisesWithTouchedMemory) {
+    sf::mem::empty_cache();  // a pooled block would be touched already
     sf::mem::reset_peak();
     const int64_t before = sf::mem::peak_rss_bytes();
     {
         auto t = torch::ones({64 << 20}, torch::kUInt8);  // 64 MiB, touched
     }
     EXPECT_GE(sf::mem::peak_rss_bytes() - before, 48 << 20);
+}
+
+TEST(MemoryPool, ReusesLargeBlocksAndCountsOnlyTensorBytes) {
+    sf::mem::empty_cache();
+    ASSERT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+    const int64_t before = cpu_stats().current;
+    void* first = nullptr;
+    {
+        auto t = torch::empty({3 << 20}, torch::kUInt8);  // 3 MiB: pooled on free
+        first = t.data_ptr();
+        EXPECT_EQ(cpu_stats().current - before, 3 << 20);
+    }
+    EXPECT_EQ(cpu_stats().current, before);  // pooled bytes are not tensor bytes
+    EXPECT_GE(sf::mem::cpu_pooled_bytes(), 3 << 20);
+    {
+        auto t = torch::empty({3 << 20}, torch::kUInt8);
+        EXPECT_EQ(t.data_ptr(), first);  // the same block again, no new mapping
+        EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+    }
+    {
+        auto small = torch::empty({1000}, torch::kUInt8);  // below the pool's minimum
+        EXPECT_NE(small.data_ptr(), first);
+    }
+    sf::mem::empty_cache();
+    EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+}
+
+TEST(MemoryPool, NeverHoldsMoreThanThePeakOfLiveBlocks) {
+    sf::mem::empty_cache();
+    { auto a = torch::empty({8 << 20}, torch::kUInt8); }  // peak of live blocks: ~8 MiB
+    EXPECT_GE(sf::mem::cpu_pooled_bytes(), 8 << 20);
+    {
+        // 20 MiB cannot use the 8 MiB block; mapping it beside the pooled one would hold 28 MiB,
+        // more than the process ever had live, so the pooled block is unmapped first.
+        auto b = torch::empty({20 << 20}, torch::kUInt8);
+        EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+    }
+    sf::mem::set_cpu_pool_limit(0);  // pooling off: every free unmaps
+    { auto c = torch::empty({4 << 20}, torch::kUInt8); }
+    EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+    sf::mem::set_cpu_pool_limit(int64_t{4} << 30);
+    sf::mem::empty_cache();
+}
+
+TEST(MemoryPool, BudgetStillCountsRequestedBytes) {
+    sf::mem::empty_cache();
+    { auto warm = torch::empty({6 << 20}, torch::kUInt8); }  // pooled, 6 MiB and change
+    const int64_t base = cpu_stats().current;
+    sf::mem::BudgetGuard guard(base + (5 << 20));
+    EXPECT_THROW(torch::empty({6 << 20}, torch::kUInt8), c10::Error);  // over, even though pooled
+    auto fits = torch::empty({4 << 20}, torch::kUInt8);
+    EXPECT_EQ(cpu_stats().current - base, 4 << 20);
 }
 
 TEST(FormatBytes, HumanUnits) {
