@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/torch_compat.h"
+#include "model/lora.h"
 
 namespace sf::model {
 namespace {
@@ -150,9 +151,9 @@ at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
     auto split_heads = [&](const at::Tensor& t) {
         return t.transpose(1, 2).reshape({batch, heads, -1, tokens});  // [B, N, C] -> [B, H, d, N]
     };
-    at::Tensor q = split_heads(to_q(x));
-    at::Tensor k = split_heads(to_k(x)).transpose(2, 3);  // [B, H, d, N] -> [B, H, N, d]
-    at::Tensor v = split_heads(to_v(x));
+    at::Tensor q = split_heads(apply_linear(to_q, x));
+    at::Tensor k = split_heads(apply_linear(to_k, x)).transpose(2, 3);  // -> [B, H, N, d]
+    at::Tensor v = split_heads(apply_linear(to_v, x));
     const int64_t d = v.size(2);
 
     q = torch::relu(q).to(at::kFloat);
@@ -165,7 +166,7 @@ at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
     out = out.narrow(2, 0, d) / (out.narrow(2, d, 1) + 1e-15);  // [B, H, d, N]
     out = out.reshape({batch, -1, tokens}).transpose(1, 2).to(dtype);  // [B, H, d, N] -> [B, N, C]
 
-    out = out_dropout(out_proj(out));
+    out = out_dropout(apply_linear(out_proj, out));
     if (dtype == at::kHalf) out = out.clamp(-65504, 65504);
     return out;
 }
@@ -191,12 +192,12 @@ at::Tensor SanaCrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor
     auto split_heads = [&](const at::Tensor& t) {
         return t.view({batch, -1, heads, head_dim}).transpose(1, 2);  // [B, L, C] -> [B, H, L, d]
     };
-    const at::Tensor q = split_heads(to_q(x));  // [B, H, N, d]
-    const at::Tensor k = split_heads(to_k(context));
-    const at::Tensor v = split_heads(to_v(context));
+    const at::Tensor q = split_heads(apply_linear(to_q, x));  // [B, H, N, d]
+    const at::Tensor k = split_heads(apply_linear(to_k, context));
+    const at::Tensor v = split_heads(apply_linear(to_v, context));
     at::Tensor out = attend(q, k, v, bias);                            // [B, H, N, d]
     out = out.transpose(1, 2).reshape({batch, -1, heads * head_dim});  // [B, H, N, d] -> [B, N, C]
-    return out_dropout(out_proj(out.to(q.scalar_type())));
+    return out_dropout(apply_linear(out_proj, out.to(q.scalar_type())));
 }
 
 SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
