@@ -4,11 +4,13 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "core/memory.h"
 
@@ -34,11 +36,87 @@
 
 namespace sf::compat {
 
+// Whether at::scaled_dot_product_attention (fused flash / memory-efficient kernels) exists.
+#if SF_TORCH_AT_LEAST(2, 0)
+inline constexpr bool kHasFusedAttention = true;
+#else
+inline constexpr bool kHasFusedAttention = false;
+#endif
+
+// Autocast state per device type (CPU and CUDA only). 2.4 replaced the per-device functions
+// (is_cpu_enabled, get_autocast_gpu_dtype, ...) by ones taking the device type and deprecated
+// the old ones. The state is thread-local in every version.
+inline bool autocast_enabled(c10::DeviceType device_type) {
+#if SF_TORCH_AT_LEAST(2, 4)
+    return at::autocast::is_autocast_enabled(device_type);
+#else
+    return device_type == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled()
+                                               : at::autocast::is_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device_type, bool enabled) {
+#if SF_TORCH_AT_LEAST(2, 4)
+    at::autocast::set_autocast_enabled(device_type, enabled);
+#else
+    if (device_type == c10::DeviceType::CPU) {
+        at::autocast::set_cpu_enabled(enabled);
+    } else {
+        at::autocast::set_enabled(enabled);
+    }
+#endif
+}
+
+inline at::ScalarType autocast_dtype(c10::DeviceType device_type) {
+#if SF_TORCH_AT_LEAST(2, 4)
+    return at::autocast::get_autocast_dtype(device_type);
+#else
+    return device_type == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                               : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device_type, at::ScalarType dtype) {
+#if SF_TORCH_AT_LEAST(2, 4)
+    at::autocast::set_autocast_dtype(device_type, dtype);
+#else
+    if (device_type == c10::DeviceType::CPU) {
+        at::autocast::set_autocast_cpu_dtype(dtype);
+    } else {
+        at::autocast::set_autocast_gpu_dtype(dtype);
+    }
+#endif
+}
+
 inline bool cuda_is_available() {
 #if defined(SANAFLOW_WITH_CUDA)
     return c10::cuda::device_count() > 0;
 #else
     return false;
+#endif
+}
+
+// The default CUDA generator's state of `device` (a byte tensor), and setting it back; an
+// undefined tensor and a no-op when built without CUDA, as the CPU build has no CUDA generator.
+inline at::Tensor cuda_rng_state(int device) {
+#if defined(SANAFLOW_WITH_CUDA)
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, device));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+#else
+    (void)device;
+    return {};
+#endif
+}
+
+inline void set_cuda_rng_state(int device, const at::Tensor& state) {
+#if defined(SANAFLOW_WITH_CUDA)
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, device));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+#else
+    (void)device;
+    (void)state;
 #endif
 }
 

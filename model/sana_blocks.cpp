@@ -182,8 +182,8 @@ SanaCrossAttentionImpl::SanaCrossAttentionImpl(int64_t dim, int64_t context_dim,
 }
 
 at::Tensor SanaCrossAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const at::Tensor& bias) {
-    return compat::scaled_dot_product_attention(q, k, v, bias);
+                                          const at::Tensor& v, const at::Tensor& bias) const {
+    return attention(attention_kernel, q, k, v, bias, attention_chunk);
 }
 
 at::Tensor SanaCrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context,

@@ -18,6 +18,7 @@
 #include <optional>
 #include <utility>
 
+#include "model/chunked_attention.h"
 #include "model/sana_config.h"
 
 namespace sf::model {
@@ -102,21 +103,23 @@ struct SanaLinearAttentionImpl : torch::nn::Module {
 TORCH_MODULE(SanaLinearAttention);
 
 // Softmax cross-attention from the image tokens to the caption tokens, every projection with a
-// bias. The attention itself is one function, attend(), so that another kernel (chunked, fused)
-// can be put in its place without touching the projections.
+// bias. The attention itself is one function, attend(), running the kernel this module is set
+// to (SanaTransformerImpl::set_attention): dense by default, chunked or fused to save memory.
 struct SanaCrossAttentionImpl : torch::nn::Module {
     SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads, int64_t head_dim,
                            double dropout);
     // x [B, N, D], context [B, L, context_dim], bias [B, 1, 1, L] or undefined -> [B, N, D]
     at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias);
     // q [B, H, N, d], k and v [B, H, L, d] -> [B, H, N, d]
-    static at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& bias);
+    at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& bias) const;
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
     torch::nn::ModuleList to_out{nullptr};
     torch::nn::Linear out_proj{nullptr};      // to_out[0]
     torch::nn::Dropout out_dropout{nullptr};  // to_out[1]
     int64_t heads, head_dim;
+    AttentionKernel attention_kernel = AttentionKernel::kDense;
+    int64_t attention_chunk = 1024;  // query rows per chunk for kChunked (and kFused on 1.13)
 };
 TORCH_MODULE(SanaCrossAttention);
 

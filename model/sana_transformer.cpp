@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "model/checkpoint.h"
 
 namespace sf::model {
 namespace {
@@ -132,8 +133,41 @@ at::Tensor SanaTransformerImpl::forward(const at::Tensor& hidden_states,
     const SanaBlockInputs in =
         embed(hidden_states, encoder_hidden_states, timestep, encoder_attention_mask);
     at::Tensor tokens = in.tokens;
-    for (size_t i = 0; i < blocks_.size(); ++i) tokens = run_block(i, tokens, in);
+    const bool recompute = checkpoint_every_ > 0 && at::GradMode::is_enabled();
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+        if (recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+            // The closure holds the block and the grid, not `in`: the backward runs after this
+            // frame is gone. The tensors travel as checkpoint inputs, so they are saved.
+            const int64_t height = in.height, width = in.width;
+            auto block_fn = [block = blocks_[i], height, width](const std::vector<at::Tensor>& t) {
+                return block.ptr()->forward(t[0], t[1], t[2], t[3], height, width);
+            };
+            tokens = checkpoint(block_fn, {tokens, in.context, in.context_bias, in.modulation});
+        } else {
+            tokens = run_block(i, tokens, in);
+        }
+    }
     return unembed(tokens, in);
+}
+
+void SanaTransformerImpl::set_gradient_checkpointing(int64_t every) {
+    if (every < 0) {
+        throw Error::InvalidArgument(fmt::format(
+            "SanaTransformer: gradient checkpointing every {} blocks; want 0 (off) or more",
+            every));
+    }
+    checkpoint_every_ = every;
+}
+
+void SanaTransformerImpl::set_attention(AttentionKernel kernel, int64_t chunk) {
+    if (chunk < 1) {
+        throw Error::InvalidArgument(
+            fmt::format("SanaTransformer: attention chunk must be at least 1, got {}", chunk));
+    }
+    for (auto& block : blocks_) {
+        block->attn2->attention_kernel = kernel;
+        block->attn2->attention_chunk = chunk;
+    }
 }
 
 }  // namespace sf::model

@@ -52,6 +52,18 @@ public:
     // Final modulated norm, proj_out and unpatchify: [B, h * w, D] -> [B, out_channels, H, W].
     at::Tensor unembed(const at::Tensor& tokens, const SanaBlockInputs& in);
 
+    // Gradient checkpointing of the blocks, applied by forward() in grad mode: 0 off (the
+    // default), 1 every block, k the blocks whose index is a multiple of k. A checkpointed block
+    // keeps only its inputs and runs again in backward (model/checkpoint.h). Negative is
+    // sf::Error kInvalidArgument.
+    void set_gradient_checkpointing(int64_t every);
+    int64_t gradient_checkpointing() const { return checkpoint_every_; }
+
+    // The cross-attention kernel of every block (model/chunked_attention.h); kDense by default.
+    // `chunk` (query rows per chunk, at least 1) is used by kChunked, and by kFused where the
+    // LibTorch has no fused attention. chunk < 1 is sf::Error kInvalidArgument.
+    void set_attention(AttentionKernel kernel, int64_t chunk = 1024);
+
     const SanaTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }
 
@@ -70,6 +82,7 @@ private:
 
     SanaTransformerConfig config_;
     std::vector<SanaTransformerBlock> blocks_;  // the same modules as transformer_blocks
+    int64_t checkpoint_every_ = 0;
 };
 TORCH_MODULE(SanaTransformer);
 

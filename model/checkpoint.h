@@ -1,0 +1,35 @@
+// Gradient checkpointing, as PyTorch's reentrant torch.utils.checkpoint: the forward keeps only a
+// function's inputs, not its activations, and backward runs the function again to get them.
+// Memory for activations drops from all blocks to one block, for about one more forward.
+//
+//   at::Tensor y = checkpoint(
+//       [block](const std::vector<at::Tensor>& in) { return block(in[0], in[1]); }, {x, ctx});
+//
+// The recompute sees what the forward saw: the CPU generator (and the CUDA generator of every
+// CUDA device among the inputs) is put back to its state at the forward, so dropout draws the
+// same mask, and the caller's generator state is restored after; the autocast state is the
+// forward's too. Parameters used inside `fn` get their gradients through a nested backward, so
+// they are accumulated by their AccumulateGrad nodes and any post hooks on those (a fused
+// optimizer step) run as they would without checkpointing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+namespace sf::model {
+
+// A pure function of its inputs and of module parameters (captured, not passed): it is run
+// twice, so it must not change state other than by drawing random numbers.
+using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
+
+// Returns fn(inputs). In grad mode the result's backward recomputes fn with grad and returns the
+// gradients of the inputs that require grad; undefined inputs are passed through as undefined.
+// Parameters inside `fn` get gradients even when no input requires grad (a frozen embedder in
+// front of trained blocks), unlike PyTorch's reentrant form. Nothing is saved outside grad mode.
+// `fn` and the modules it captures must outlive the backward. Not for create_graph (double
+// backward), as upstream's reentrant form.
+at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs);
+
+}  // namespace sf::model
