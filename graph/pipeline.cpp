@@ -84,12 +84,13 @@ LinearPipeline& LinearPipeline::serial(std::string name, StageFn fn) {
     return add_stage(std::move(stage));
 }
 
-LinearPipeline& LinearPipeline::serial_batched(std::string name, int batch_size, BatchFn fn) {
+LinearPipeline& LinearPipeline::serial_batched(std::string name, int batch_size, BatchFn fn, ItemOrder order) {
     Stage stage;
     stage.kind = Stage::Kind::kBatched;
     stage.name = std::move(name);
     stage.batch_size = batch_size;
     stage.batch = std::move(fn);
+    stage.order = order;
     return add_stage(std::move(stage));
 }
 
@@ -133,7 +134,8 @@ std::string LinearPipeline::plan() const {
                 break;
             case Stage::Kind::kBatched:
                 kind = "batched";
-                detail = fmt::format("x1, batch {}", stage.batch_size);
+                detail = fmt::format("x1, batch {}{}", stage.batch_size,
+                                     stage.order == ItemOrder::kSource ? ", source order" : "");
                 break;
             case Stage::Kind::kSink:
                 kind = "sink";

@@ -50,10 +50,12 @@ struct RejectInfo {
     std::string reason;
 };
 
-enum class SinkOrder {
+// The order in which a sink takes items, or in which a batched stage groups them.
+enum class ItemOrder {
     kArrival,  // as items finish: no waiting, no buffering
     kSource,   // in source order: finished items wait (holding their tokens) for earlier ones
 };
+using SinkOrder = ItemOrder;
 
 struct StageStats {
     std::string name;
@@ -102,7 +104,11 @@ public:
     // A serial stage over batches of up to `batch_size` items; fn returns one output per input,
     // in order. A partial batch runs when no more items can come (end of input, or every token
     // waiting). sf::Reject from fn rejects the whole batch. Needs batch_size <= max_in_flight.
-    LinearPipeline& serial_batched(std::string name, int batch_size, BatchFn fn);
+    // With ItemOrder::kSource, batches are cut from consecutive items in source order (a rejected
+    // item leaves a hole), so which items share a batch does not depend on timing: a model whose
+    // numerics depend on the batch then gives the same outputs every run.
+    LinearPipeline& serial_batched(std::string name, int batch_size, BatchFn fn,
+                                   ItemOrder order = ItemOrder::kArrival);
     // The writer, called serially. It may throw sf::Reject for one item, too.
     LinearPipeline& sink(std::string name, SinkFn fn, SinkOrder order = SinkOrder::kArrival);
     // Called serially, from the sink's thread, once per rejected item.

@@ -118,6 +118,8 @@ private:
     void source_body(int token, SourceNode::output_ports_type& ports);
     MsgPtr stage_body(size_t k, const MsgPtr& msg);
     void batch_body(size_t k, const MsgPtr& msg, BatchNode::output_ports_type& ports);
+    void batch_in_source_order(size_t k, const MsgPtr& msg, BatchNode::output_ports_type& ports);
+    void flush_batch(size_t k, BatchNode::output_ports_type& ports);
     void run_batch(size_t k, BatchNode::output_ports_type& ports);
     void sink_body(const MsgPtr& msg);
     void sink_in_source_order(const MsgPtr& msg);
@@ -155,6 +157,8 @@ private:
 
     // Touched only by the serial batch and sink bodies respectively.
     std::vector<std::vector<MsgPtr>> pending_;  // per declared stage; used by batch stages
+    std::vector<std::map<int64_t, MsgPtr>> reorder_;  // source-order batch stages: null = a hole
+    std::vector<int64_t> next_in_order_;
     std::map<int64_t, MsgPtr> parked_;          // source-order sink: null = a finished hole
     int64_t next_to_sink_ = 0;
 
@@ -182,7 +186,9 @@ GraphRun::GraphRun(const detail::RunInput& input)
       counters_(std::make_unique<StageCounters[]>(input.stages.size())),
       active_(input.tokens),
       retired_(input.tokens, 0),
-      pending_(input.stages.size()) {}
+      pending_(input.stages.size()),
+      reorder_(input.stages.size()),
+      next_in_order_(input.stages.size(), 0) {}
 
 void GraphRun::build() {
     namespace flow = tbb::flow;
@@ -242,6 +248,9 @@ void GraphRun::run(RunStats& stats) {
     SF_CHECK(parked_.empty(), "pipeline: items left parked at the sink");
     for (const auto& pending : pending_) {
         SF_CHECK(pending.empty(), "pipeline: items left in a partial batch");
+    }
+    for (const auto& waiting : reorder_) {
+        SF_CHECK(waiting.empty(), "pipeline: items left waiting for their turn in a batch");
     }
     SF_CHECK(produced_ == completed_ + rejected_ + dropped_, "pipeline: item accounting");
 
@@ -331,6 +340,10 @@ MsgPtr GraphRun::stage_body(size_t k, const MsgPtr& msg) {
 }
 
 void GraphRun::batch_body(size_t k, const MsgPtr& msg, BatchNode::output_ports_type& ports) {
+    if (input_.stages[k].order == ItemOrder::kSource) {
+        batch_in_source_order(k, msg, ports);
+        return;
+    }
     auto& out = std::get<0>(ports);
     std::vector<MsgPtr>& pending = pending_[k];
     if (msg->kind == Msg::Kind::kItem && !cancelled()) {
@@ -340,6 +353,46 @@ void GraphRun::batch_body(size_t k, const MsgPtr& msg, BatchNode::output_ports_t
         if (msg->kind == Msg::Kind::kItem) drop(*msg);
         out.try_put(msg);
     }
+    flush_batch(k, ports);
+}
+
+// Items wait (parked) until every earlier index has passed; consecutive items then fill the
+// batch, and rejected or dropped ones leave holes. An earlier item still on its way holds an active
+// token, so a stall (no active token) means the end of input: only then does a partial batch run,
+// and which items share a batch is a function of the source order alone.
+void GraphRun::batch_in_source_order(size_t k, const MsgPtr& msg, BatchNode::output_ports_type& ports) {
+    auto& out = std::get<0>(ports);
+    std::map<int64_t, MsgPtr>& waiting = reorder_[k];
+    if (msg->kind == Msg::Kind::kItem && !cancelled()) {
+        waiting.emplace(msg->index, msg);
+        park();
+    } else if (msg->kind != Msg::Kind::kPoke) {
+        if (msg->kind == Msg::Kind::kItem) drop(*msg);
+        out.try_put(msg);
+        waiting.emplace(msg->index, nullptr);  // its place in the order
+    }
+    if (cancelled()) {
+        for (auto& [index, m] : waiting) {
+            if (m) pending_[k].push_back(m);  // released with the pending batch below
+        }
+        waiting.clear();
+        flush_batch(k, ports);
+        return;
+    }
+    const auto full = static_cast<size_t>(input_.stages[k].batch_size);
+    int64_t& next = next_in_order_[k];
+    for (auto it = waiting.begin(); it != waiting.end() && it->first == next; it = waiting.erase(it), ++next) {
+        if (!it->second) continue;
+        pending_[k].push_back(it->second);
+        if (pending_[k].size() >= full) run_batch(k, ports);
+    }
+    if (!pending_[k].empty() && active_.load(std::memory_order_acquire) == 0) run_batch(k, ports);
+}
+
+// Runs the pending batch when it is full or nothing else can come; after a cancellation, drops it.
+void GraphRun::flush_batch(size_t k, BatchNode::output_ports_type& ports) {
+    auto& out = std::get<0>(ports);
+    std::vector<MsgPtr>& pending = pending_[k];
     if (pending.empty()) return;
     if (cancelled()) {
         unpark(static_cast<int64_t>(pending.size()));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "core/log.h"
@@ -32,22 +34,44 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
                            is_record_db ? format_bytes(s.uncompressed_bytes) : "-", ratio);
     }
 
-    // Records per bucket, from each record's metadata.
+    // Records per bucket, from each record's metadata; caption features have no bucket, so the
+    // text db gets their token counts instead (a power-of-two histogram and the range).
     for (const std::string& db : cache.record_dbs()) {
         std::map<std::string, int64_t> buckets;
+        std::map<int64_t, int64_t> token_bins;  // upper bound of the bin -> records
+        int64_t tokens_min = INT64_MAX, tokens_max = 0, tokens_sum = 0, with_tokens = 0;
         storage::CacheReader reader(cache, db);
         reader.for_each([&](std::string_view key, std::string_view frame) {
             try {
                 auto record = storage::decode_record(frame, std::string(key));
+                if (auto t = record.metadata.find("tokens"); t != record.metadata.end()) {
+                    const int64_t n = std::stoll(t->second);
+                    int64_t bin = 1;
+                    while (bin < n) bin *= 2;
+                    ++token_bins[bin];
+                    tokens_min = std::min(tokens_min, n);
+                    tokens_max = std::max(tokens_max, n);
+                    tokens_sum += n;
+                    ++with_tokens;
+                    return;
+                }
                 auto it = record.metadata.find(storage::record_meta::kBucket);
                 ++buckets[it == record.metadata.end() ? "(none)" : it->second];
-            } catch (const Error&) {
+            } catch (const std::exception&) {
                 ++buckets["(unreadable)"];
             }
         });
-        out += fmt::format("{} per bucket:", db);
-        for (const auto& [bucket, n] : buckets) out += fmt::format(" {}={}", bucket, n);
-        out += "\n";
+        if (with_tokens > 0) {
+            out += fmt::format("{} tokens per record: min {} mean {:.1f} max {}; up to", db, tokens_min,
+                               static_cast<double>(tokens_sum) / static_cast<double>(with_tokens), tokens_max);
+            for (const auto& [bin, n] : token_bins) out += fmt::format(" {}={}", bin, n);
+            out += "\n";
+        }
+        if (!buckets.empty()) {
+            out += fmt::format("{} per bucket:", db);
+            for (const auto& [bucket, n] : buckets) out += fmt::format(" {}={}", bucket, n);
+            out += "\n";
+        }
     }
 
     out += "fingerprints:\n";

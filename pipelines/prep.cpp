@@ -22,6 +22,7 @@
 #include "stages/encode_text.h"
 #include "stages/encode_vae.h"
 #include "stages/image_header.h"
+#include "stages/train_data.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_writer.h"
@@ -142,6 +143,7 @@ void run_text_phase(const EncodeTextStage& stage, storage::Cache& cache, const s
                     const PrepOptions& o, PrepReport& report) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> captions;
+    bool need_empty = false;
     {
         const storage::CacheReader texts(cache, kTextDb);
         std::set<std::string> seen;
@@ -149,9 +151,10 @@ void run_text_phase(const EncodeTextStage& stage, storage::Cache& cache, const s
             if (p.sample.path.empty() || !seen.insert(p.text_key).second) continue;
             if (!texts.contains(p.text_key)) captions.push_back(p.sample.caption);
         }
+        need_empty = !texts.contains(kEmptyPromptKey);
     }
     int64_t peak = 0;
-    if (!captions.empty()) {
+    if (!captions.empty() || need_empty) {
         auto lease = graph::device_lease().acquire("encode_text");
         storage::CacheWriter writer(cache, kTextDb, static_cast<size_t>(o.commit_batch));
         auto session = stage.open();
@@ -167,6 +170,8 @@ void run_text_phase(const EncodeTextStage& stage, storage::Cache& cache, const s
             }
             progress.advance(static_cast<int64_t>(batch.size()));
         }
+        // The empty prompt, for training's caption dropout.
+        if (need_empty) writer.put(kEmptyPromptKey, stage.record(session->encode_empty(), ""));
         writer.flush();
         peak = mem::cpu_stats().peak;  // since the model's load reset it
         session.reset();
@@ -338,6 +343,7 @@ PrepReport run_prep(const PrepOptions& o) {
         report.models_loaded.push_back("encode_vae");
     };
     size_t next = 0;
+    std::set<std::string> rejected_keys;  // sample keys the image phase rejected
     pipeline
         .source("samples", [&](std::any& out) {
             if (next >= todo.size()) return false;
@@ -375,7 +381,7 @@ PrepReport run_prep(const PrepOptions& o) {
                 out.emplace_back(std::move(item));
             }
             return out;
-        });
+        }, graph::ItemOrder::kSource);  // batches, and so the latents' bytes, independent of timing
     }
     pipeline
         .sink("write", [&](std::any&& in) {
@@ -393,7 +399,10 @@ PrepReport run_prep(const PrepOptions& o) {
                 ++report.written;
             }
         })
-        .on_reject([&](const graph::RejectInfo& r) { add_reject(samples_writer, r); });
+        .on_reject([&](const graph::RejectInfo& r) {
+            add_reject(samples_writer, r);
+            rejected_keys.insert(todo[static_cast<size_t>(r.index)]->sample_key);
+        });
 
     graph::RunStats stats;
     try {
@@ -410,6 +419,19 @@ PrepReport run_prep(const PrepOptions& o) {
     vae.reset();  // frees the VAE, marks memory, empties the CUDA cache
     lease.release();
     const mem::Mark after = memlog.mark("prep", "after image phase");
+
+    // The manifest: this dataset's samples, which training reads. Sample records of earlier
+    // versions of the dataset (an edited caption, a removed image) stay in the cache, reusable,
+    // but are not trained on.
+    {
+        std::vector<std::string> keys;
+        for (const auto& p : plan) {
+            if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key)) keys.push_back(p.sample_key);
+        }
+        storage::CacheWriter manifest(cache, kManifestDb, 1);
+        manifest.put(kManifestSamplesKey, manifest_record(keys));
+        manifest.flush();
+    }
 
     for (const auto& s : stats.stages) {
         if (s.name == "samples") continue;

@@ -83,17 +83,26 @@ public:
     std::vector<at::Tensor> encode(const std::vector<std::string>& captions) override {
         use_torch_threads();  // OpenMP's thread count is per calling thread
         torch::NoGradGuard no_grad;
-        model::PromptEmbeddings out = prompt_->encode(captions);  // [B, L, hidden], [B, L]
+        return valid_prefixes(prompt_->encode(captions));
+    }
+
+    at::Tensor encode_empty() override {
+        use_torch_threads();
+        torch::NoGradGuard no_grad;
+        return valid_prefixes(prompt_->encode_negative({""})).front();
+    }
+
+private:
+    // The valid tokens are a prefix of the kept sequence: only those are stored.
+    static std::vector<at::Tensor> valid_prefixes(const model::PromptEmbeddings& out) {  // [B, L, hidden], [B, L]
         std::vector<at::Tensor> features;
         for (int64_t i = 0; i < out.embeds.size(0); ++i) {
-            // The valid tokens are a prefix of the kept sequence: store only those.
             const int64_t n = out.mask[i].sum().item<int64_t>();
             features.push_back(out.embeds[i].slice(0, 0, n).to(at::kCPU).contiguous());  // [n, hidden]
         }
         return features;
     }
 
-private:
     model::GemmaTokenizer tokenizer_;
     ResidentModel<model::Gemma2Model> encoder_;
     std::unique_ptr<model::SanaPromptEncoder> prompt_;

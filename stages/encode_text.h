@@ -19,6 +19,10 @@
 
 namespace sf {
 
+// The text db's record of the empty prompt, encoded as Sana encodes its negative prompt (without
+// the instruction): what caption dropout trains on, for classifier-free guidance.
+constexpr const char* kEmptyPromptKey = "empty-prompt";
+
 struct EncodeTextConfig {
     ModelSource model{"", "gemma-2-tiny", 0};
     std::string device = "auto";
@@ -44,6 +48,8 @@ public:
         // One [tokens, hidden] tensor per caption: the valid prefix of the kept sequence, in the
         // stage's dtype, on the CPU.
         virtual std::vector<at::Tensor> encode(const std::vector<std::string>& captions) = 0;
+        // The empty prompt as Sana's negative prompt: [tokens, hidden], valid prefix only.
+        virtual at::Tensor encode_empty() = 0;
     };
     std::unique_ptr<Session> open() const;
 

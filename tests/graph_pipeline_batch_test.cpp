@@ -48,6 +48,39 @@ TEST(LinearPipelineBatch, FullBatchesThenOnePartialBatchAtTheEnd) {
     EXPECT_EQ(stats.stages[2].items, 23);
 }
 
+// In source order, batches are consecutive indices whatever the timing (later items overtake
+// earlier ones in the parallel stage), and a rejected item leaves a hole in its batch.
+TEST(LinearPipelineBatch, SourceOrderCutsTheSameBatchesWhateverTheTiming) {
+    for (int run = 0; run < 3; ++run) {
+        std::vector<std::vector<int64_t>> batches;
+        LinearPipeline pipeline("ordered", 6);
+        pipeline.source("count", count_to(14))
+            .parallel("prep", 3,
+                      [run](std::any&& x) -> std::any {
+                          const int64_t i = as_int(x);
+                          if (i == 5) throw Reject("item 5 is bad");
+                          std::this_thread::sleep_for(std::chrono::milliseconds((i * 7 + run * 3) % 5));
+                          return std::move(x);
+                      })
+            .serial_batched(
+                "vae", 3,
+                [&](std::vector<std::any>&& xs) {
+                    std::vector<int64_t> batch;
+                    for (const auto& x : xs) batch.push_back(as_int(x));
+                    batches.push_back(batch);
+                    return std::move(xs);
+                },
+                ItemOrder::kSource)
+            .sink("write", [](std::any&&) {})
+            .progress(quiet());
+        const RunStats stats = with_watchdog(10s, [&] { return pipeline.run(); });
+        EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 6}, {7, 8, 9}, {10, 11, 12}, {13}}))
+            << "run " << run;
+        EXPECT_EQ(stats.completed, 13);
+        EXPECT_EQ(stats.rejected, 1);
+    }
+}
+
 // 5 tokens, batches of 4, and item 0 slow: items 1..4 fill the first batch and then wait in the
 // source-order sink for item 0, which is alone in the next batch with no token left to fill it.
 TEST(LinearPipelineBatch, PartialBatchRunsWhenEveryTokenWaits) {

@@ -1,6 +1,9 @@
 // The `sanaflow` command line. Flags keep the spelling of the diffusers Sana training scripts.
 #include <CLI/CLI.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -13,6 +16,7 @@
 #include "pipelines/inspect.h"
 #include "pipelines/models_table.h"
 #include "pipelines/prep.h"
+#include "pipelines/train.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
 #endif
@@ -21,6 +25,80 @@ namespace {
 
 namespace fs = std::filesystem;
 using sf::pipelines::PrepOptions;
+using sf::pipelines::TrainOptions;
+
+void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing, int64_t& checkpointing_every) {
+    cmd->add_option("--cache_dir", o.cache_dir, "a cache made by sanaflow prep")->required();
+    cmd->add_option("--output_dir", o.output_dir, "checkpoints and the final weights")->required();
+    cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
+                    "diffusers-layout directory (or its transformer/) to fine-tune");
+    cmd->add_option("--transformer_config", o.transformer_config,
+                    "a transformer config.json to train from scratch with seeded weights");
+    cmd->add_option("--model", o.model, "built-in transformer when no weights are given")->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of weights, data order, noise")->capture_default_str();
+    cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--mixed_precision", o.mixed_precision, "autocast dtype: no, bf16 or fp16 (with loss scaling)")
+        ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+        ->capture_default_str();
+    cmd->add_flag("--allow_tf32", o.allow_tf32, "TF32 matmuls and convolutions on CUDA");
+    cmd->add_flag("--gradient_checkpointing", checkpointing, "recompute transformer blocks in backward");
+    cmd->add_option("--gradient_checkpointing_every", checkpointing_every,
+                    "with --gradient_checkpointing: recompute every k-th block")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_option("--attention", o.attention,
+                    "cross-attention: dense, chunked (exact, memory linear in tokens) or fused (SDPA where LibTorch has it)")
+        ->check(CLI::IsMember({"dense", "chunked", "fused"}))
+        ->capture_default_str();
+    cmd->add_flag("--fused_backward_pass", o.fused_backward_pass,
+                  "update each weight as soon as its gradient is complete and free the gradient");
+    cmd->add_option("--train_batch_size", o.train_batch_size, "samples per micro-batch (one bucket)")->capture_default_str();
+    cmd->add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per optimizer step")
+        ->capture_default_str();
+    cmd->add_option("--max_train_steps", o.max_train_steps, "optimizer steps")->capture_default_str();
+    cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
+    cmd->add_option("--lr_scheduler", o.lr_scheduler, "constant, constant_with_warmup, linear or cosine")
+        ->capture_default_str();
+    cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)->capture_default_str();
+    cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")->capture_default_str();
+    cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
+    cmd->add_option("--caption_dropout", o.caption_dropout, "probability of training on the empty prompt")
+        ->capture_default_str();
+    cmd->add_option("--flow_shift", o.flow_shift, "the flow-matching schedule's shift")->capture_default_str();
+    cmd->add_option("--weighting_scheme", o.weighting_scheme, "timestep density: logit_normal or uniform")
+        ->capture_default_str();
+    cmd->add_option("--rank", o.rank, "LoRA rank; 0 trains every weight")->capture_default_str();
+    cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")->capture_default_str();
+    cmd->add_option("--lora_target_modules", o.lora_target_modules, "comma-separated Linear names to adapt")
+        ->capture_default_str();
+    cmd->add_option("--checkpointing_steps", o.checkpointing_steps, "save a resumable checkpoint every N steps (0: never)")
+        ->capture_default_str();
+    cmd->add_option("--checkpoints_total_limit", o.checkpoints_total_limit, "keep the newest N checkpoints (0: all)")
+        ->capture_default_str();
+    cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint, "latest, or a checkpoint directory");
+    cmd->add_option("--log_every", o.log_every, "log the loss every N steps")->capture_default_str();
+}
+
+std::string train_summary(const sf::pipelines::TrainReport& r) {
+    auto mean = [&](size_t from, size_t to) {
+        double sum = 0;
+        for (size_t i = from; i < to; ++i) sum += r.losses[i];
+        return to > from ? sum / static_cast<double>(to - from) : 0.0;
+    };
+    const size_t n = r.losses.size(), k = std::min<size_t>(5, n);
+    std::string out = fmt::format("trained {} steps ({} this run, {} skipped) of {} trainable parameters in {:.1f} s\n",
+                                  r.steps, r.steps - r.first_step, r.skipped_steps, r.trainable_parameters, r.seconds);
+    out += fmt::format("loss: first {} steps {:.4f}, last {} steps {:.4f}\n", k, mean(0, k), k, mean(n - k, n));
+    out += "weights: " + r.weights_path + "\n";
+    out += "peak memory per phase:\n" + r.phase_table;
+    return out;
+}
+
+int run_train_command(TrainOptions o, bool checkpointing, int64_t every) {
+    o.gradient_checkpointing = checkpointing ? every : 0;
+    std::cout << train_summary(sf::pipelines::run_train(o));
+    return 0;
+}
 
 void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--instance_data_dir", o.instance_data_dir,
@@ -104,8 +182,28 @@ int run_demo_command(const std::string& out_dir, int num_images) {
     std::cout << "\n== sanaflow inspect " << cache.string() << " --verify\n";
     auto result = sf::pipelines::inspect_cache(cache.string(), /*verify=*/true);
     std::cout << result.text;
-    std::cout << "\n== memory\n" << sf::mem::memory_log().table();
-    return result.ok ? 0 : 3;
+    if (!result.ok) return 3;
+
+    TrainOptions t;
+    t.cache_dir = cache.string();
+    t.output_dir = (root / "train").string();
+    t.max_train_steps = 40;
+    t.train_batch_size = 2;
+    t.learning_rate = 1e-3;
+    t.lr_scheduler = "constant_with_warmup";
+    t.lr_warmup_steps = 5;
+    t.checkpointing_steps = 20;
+    t.checkpoints_total_limit = 1;
+    t.gradient_checkpointing = 1;
+    t.attention = "chunked";
+    t.caption_dropout = 0.1;
+    std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir " << t.output_dir
+              << " --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 --lr_scheduler constant_with_warmup"
+                 " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
+                 " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
+    std::cout << train_summary(sf::pipelines::run_train(t));
+    std::cout << "\n== memory marks\n" << sf::mem::memory_log().table();
+    return 0;
 }
 #else
 int run_demo_command(const std::string&, int) {
@@ -141,11 +239,17 @@ int main(int argc, char** argv) {
     inspect_cmd->add_option("cache", inspect_dir, "cache directory")->required()->check(CLI::ExistingDirectory);
     inspect_cmd->add_flag("--verify", verify, "decode every record and check its checksum");
 
+    TrainOptions train;
+    bool checkpointing = false;
+    int64_t checkpointing_every = 1;
+    auto* train_cmd = app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
+    add_train_flags(train_cmd, train, checkpointing, checkpointing_every);
+
     auto* models_cmd = app.add_subcommand("models", "list the built-in model configurations and their parameter counts");
 
     std::string demo_dir = "demo-out";
     int demo_images = 24;
-    auto* demo_cmd = app.add_subcommand("demo", "generate a small dataset, prep it, inspect the cache");
+    auto* demo_cmd = app.add_subcommand("demo", "generate a small dataset, prep it, inspect the cache, train on it");
     demo_cmd->add_option("--output_dir", demo_dir, "where the data and the cache go")->capture_default_str();
     demo_cmd->add_option("--num_images", demo_images, "images to generate")
         ->check(CLI::Range(1, 100000))
@@ -162,6 +266,7 @@ int main(int argc, char** argv) {
     try {
         if (*prep_cmd) return run_prep_command(prep);
         if (*inspect_cmd) return run_inspect_command(inspect_dir, verify);
+        if (*train_cmd) return run_train_command(train, checkpointing, checkpointing_every);
         if (*demo_cmd) return run_demo_command(demo_dir, demo_images);
         if (*models_cmd) {
             std::cout << sf::pipelines::models_table();

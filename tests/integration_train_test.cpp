@@ -1,0 +1,168 @@
+// End to end: generated images -> prep -> train, through the library and the program: the loss
+// falls, a run killed with SIGKILL and resumed ends exactly where an uninterrupted run does, LoRA
+// saves adapters only, and a checkpoint made with other settings is refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "integration_util.h"
+#include "pipelines/prep.h"
+#include "pipelines/train.h"
+#include "storage/safetensors_file.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using sf::pipelines::TrainOptions;
+using sf::test::kSanaflow;
+using sf::test::TempDir;
+
+// A prepped cache of `images` generated images, shared by the tests of this file.
+const std::string& shared_cache(int images = 8) {
+    static TempDir tmp("sf_train_cache");
+    static const std::string cache = [&] {
+        sf::test::write_dataset(tmp.path() / "data", 0, images);
+        sf::pipelines::run_prep(sf::test::options_for(tmp));
+        return tmp.file("cache");
+    }();
+    return cache;
+}
+
+TrainOptions train_options(const std::string& out) {
+    TrainOptions o;
+    o.cache_dir = shared_cache();
+    o.output_dir = out;
+    o.max_train_steps = 30;
+    o.train_batch_size = 2;
+    o.learning_rate = 2e-3;
+    o.checkpointing_steps = 0;
+    o.log_every = 1000;
+    return o;
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+    double s = 0;
+    for (size_t i = from; i < to; ++i) s += v[i];
+    return s / static_cast<double>(to - from);
+}
+
+std::vector<double> losses_in(const std::string& output_dir) {
+    auto j = nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
+    return j.at("losses").get<std::vector<double>>();
+}
+
+TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {
+    TempDir out("sf_train_out");
+    shared_cache();  // prep (and its encoders) before the marks are counted
+    const size_t marks_before = sf::mem::memory_log().marks().size();
+    auto o = train_options(out.file("run"));
+    o.gradient_checkpointing = 1;
+    o.attention = "chunked";
+    o.caption_dropout = 0.2;
+    const auto report = sf::pipelines::run_train(o);
+    ASSERT_EQ(report.losses.size(), 30u);
+    const double first = mean(report.losses, 0, 5), last = mean(report.losses, 25, 30);
+    EXPECT_LT(last, 0.8 * first) << "first " << first << " last " << last;
+    // Neither encoder was loaded: no stage of theirs marked memory during training.
+    const auto marks = sf::mem::memory_log().marks();
+    for (size_t i = marks_before; i < marks.size(); ++i) EXPECT_EQ(marks[i].stage.rfind("encode_", 0), std::string::npos);
+    EXPECT_TRUE(fs::exists(out.file("run/transformer/diffusion_pytorch_model.safetensors")));
+    EXPECT_TRUE(fs::exists(out.file("run/transformer/config.json")));
+    EXPECT_NE(report.phase_table.find("backward"), std::string::npos);
+}
+
+TEST(TrainIntegration, KilledAndResumedRunEqualsAnUninterruptedOne) {
+    TempDir out("sf_train_resume");
+    auto args = [&](const std::string& dir) {
+        return std::vector<std::string>{"sanaflow", "-q", "train", "--cache_dir", shared_cache(), "--output_dir", dir,
+                                        "--max_train_steps", "16", "--train_batch_size", "2", "--learning_rate", "2e-3",
+                                        "--checkpointing_steps", "4", "--caption_dropout", "0.3",
+                                        "--resume_from_checkpoint", "latest"};
+    };
+    auto exec = [](const std::vector<std::string>& a) {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            std::vector<char*> argv;
+            for (const auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
+            argv.push_back(nullptr);
+            ::execv(kSanaflow.c_str(), argv.data());
+            ::_exit(127);
+        }
+        return pid;
+    };
+    auto wait_exit = [](pid_t pid) {
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        return status;
+    };
+    const std::string whole = out.file("whole"), killed = out.file("killed");
+    ASSERT_EQ(wait_exit(exec(args(whole))), 0);
+
+    // Killed once a checkpoint exists, then resumed from it.
+    const pid_t child = exec(args(killed));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline && !fs::exists(killed + "/checkpoint-8/state.json")) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ::kill(child, SIGKILL);
+    ASSERT_TRUE(WIFSIGNALED(wait_exit(child))) << "the run ended before it could be killed";
+    ASSERT_FALSE(fs::exists(killed + "/training_summary.json"));
+    ASSERT_EQ(wait_exit(exec(args(killed))), 0);
+
+    EXPECT_EQ(losses_in(killed), losses_in(whole));  // every step's loss, bit for bit
+    const std::string weights = "/transformer/diffusion_pytorch_model.safetensors";
+    EXPECT_EQ(sf::test::read_file(killed + weights), sf::test::read_file(whole + weights));
+}
+
+TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
+    TempDir out("sf_train_lora");
+    auto o = train_options(out.file("lora"));
+    o.rank = 4;
+    o.max_train_steps = 6;
+    o.checkpointing_steps = 3;
+    o.mixed_precision = "bf16";
+    const auto report = sf::pipelines::run_train(o);
+    const auto file = sf::storage::SafetensorsFile::open(report.weights_path);
+    ASSERT_FALSE(file.names().empty());
+    for (const auto& name : file.names()) {
+        EXPECT_EQ(name.rfind("transformer.transformer_blocks.", 0), 0u) << name;
+        EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos || name.find(".lora_B.weight") != std::string::npos)
+            << name;
+    }
+    // A and B for q, k, v of both attentions (peft matches "to_q" in attn1 and attn2), 2 blocks.
+    EXPECT_EQ(static_cast<int64_t>(file.names().size()), 2 * 6 * 2);
+
+    o.rank = 8;
+    o.max_train_steps = 9;
+    o.resume_from_checkpoint = "latest";
+    try {
+        sf::pipelines::run_train(o);
+        FAIL() << "resumed a rank-4 checkpoint with rank 8";
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank: 4 -> 8"), std::string::npos) << e.what();
+    }
+}
+
+TEST(TrainCli, HelpAndBadFlags) {
+    auto help = sf::test::run_command(kSanaflow + " train --help");
+    EXPECT_EQ(help.exit_code, 0);
+    EXPECT_NE(help.output.find("--gradient_checkpointing"), std::string::npos);
+    EXPECT_NE(help.output.find("--fused_backward_pass"), std::string::npos);
+    auto fused_clip = sf::test::run_command(kSanaflow + " train --cache_dir " + shared_cache() +
+                                            " --output_dir /tmp/sf_unused --fused_backward_pass");
+    EXPECT_NE(fused_clip.exit_code, 0);
+    EXPECT_NE(fused_clip.output.find("--max_grad_norm"), std::string::npos) << fused_clip.output;
+    auto no_cache = sf::test::run_command(kSanaflow + " train --cache_dir /nonexistent/cache --output_dir /tmp/sf_unused");
+    EXPECT_NE(no_cache.exit_code, 0);
+    EXPECT_NE(no_cache.output.find("/nonexistent/cache"), std::string::npos) << no_cache.output;
+}
+
+}  // namespace

@@ -1,0 +1,389 @@
+// Training parts: AdamW against torch::optim::AdamW, schedules, clipping, the loss scaler, the
+// flow-matching noise, the bucketed sampler, checkpoints, and TrainStep's remedies (accumulation,
+// fused backward pass, loss scaling, out-of-memory messages).
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "stages/flow_matching.h"
+#include "stages/optim.h"
+#include "stages/train_data.h"
+#include "stages/train_state.h"
+#include "stages/train_step.h"
+#include "test_util.h"
+
+namespace {
+
+using sf::model::SanaTransformer;
+using sf::model::SanaTransformerConfig;
+
+std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+}
+
+SanaTransformerConfig small_config() {
+    SanaTransformerConfig c = SanaTransformerConfig::named("sana-tiny");
+    c.caption_channels = 16;
+    return c;
+}
+
+SanaTransformer seeded_model(uint64_t seed = 3) {
+    torch::manual_seed(seed);
+    return SanaTransformer(small_config());
+}
+
+// Two samples of 8x8 latents with 5- and 3-token captions.
+sf::MicroBatch sample_batch(int64_t n = 2) {
+    torch::manual_seed(11);
+    sf::MicroBatch b;
+    b.latents = torch::randn({n, 32, 8, 8});
+    b.prompt_embeds = torch::randn({n, 5, 16});
+    b.prompt_mask = torch::ones({n, 5}, torch::kLong);
+    if (n > 1) b.prompt_mask[1].slice(0, 3).fill_(0);
+    return b;
+}
+
+sf::MicroBatch slice(const sf::MicroBatch& b, int64_t i) {
+    return {b.latents.slice(0, i, i + 1), b.prompt_embeds.slice(0, i, i + 1), b.prompt_mask.slice(0, i, i + 1)};
+}
+
+sf::TrainStep make_step(SanaTransformer model, sf::TrainStepOptions o, double lr = 1e-3, bool all_params = true) {
+    auto params = named(*model);
+    (void)all_params;
+    sf::AdamWOptions a;
+    a.lr = lr;
+    return sf::TrainStep(model, params, a, sf::LRSchedule("constant", lr, 0, 100), o, c10::Device(c10::kCPU));
+}
+
+TEST(AdamW, MatchesTorchOptimBitForBit) {
+    torch::manual_seed(0);
+    auto a = torch::randn({7, 5}, torch::requires_grad());
+    auto b = torch::randn({5}, torch::requires_grad());
+    auto a2 = a.detach().clone().requires_grad_(true);
+    auto b2 = b.detach().clone().requires_grad_(true);
+    sf::AdamWOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.05;
+    sf::AdamW ours({{"a", a}, {"b", b}}, o);
+    torch::optim::AdamW theirs({a2, b2}, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+    for (int step = 0; step < 4; ++step) {
+        auto x = torch::randn({3, 7});
+        ours.zero_grad();
+        theirs.zero_grad();
+        (x.matmul(a).add(b).tanh().sum()).backward();
+        (x.matmul(a2).add(b2).tanh().sum()).backward();
+        ours.step(o.lr);
+        theirs.step();
+    }
+    EXPECT_TRUE(torch::equal(a, a2));
+    EXPECT_TRUE(torch::equal(b, b2));
+}
+
+TEST(AdamW, StateRoundTripsAndRefusesWrongShapes) {
+    auto a = torch::ones({3}, torch::requires_grad());
+    sf::AdamW opt({{"a", a}}, {});
+    a.mutable_grad() = torch::full({3}, 0.5);
+    opt.step(0.1);
+    auto state = opt.state();
+    EXPECT_EQ(state.at("a.step").item<int64_t>(), 1);
+    auto a2 = a.detach().clone().requires_grad_(true);
+    sf::AdamW opt2({{"a", a2}}, {});
+    opt2.load_state(state);
+    a.mutable_grad() = torch::full({3}, -0.25);
+    a2.mutable_grad() = torch::full({3}, -0.25);
+    opt.step(0.1);
+    opt2.step(0.1);
+    EXPECT_TRUE(torch::equal(a, a2));
+    state["a.exp_avg"] = torch::zeros({4});
+    EXPECT_THROW(opt2.load_state(state), sf::Error);
+}
+
+TEST(LRSchedule, FollowsDiffusersShapes) {
+    EXPECT_DOUBLE_EQ(sf::LRSchedule("constant", 1.0, 10, 100).at(0), 1.0);
+    sf::LRSchedule warm("constant_with_warmup", 2.0, 4, 100);
+    EXPECT_DOUBLE_EQ(warm.at(0), 0.0);
+    EXPECT_DOUBLE_EQ(warm.at(2), 1.0);
+    EXPECT_DOUBLE_EQ(warm.at(50), 2.0);
+    sf::LRSchedule cosine("cosine", 1.0, 10, 110);
+    EXPECT_DOUBLE_EQ(cosine.at(10), 1.0);
+    EXPECT_NEAR(cosine.at(60), 0.5, 1e-12);
+    EXPECT_NEAR(cosine.at(110), 0.0, 1e-12);
+    EXPECT_NEAR(sf::LRSchedule("linear", 1.0, 0, 100).at(25), 0.75, 1e-12);
+    try {
+        sf::LRSchedule("cosine_with_restarts", 1.0, 0, 10);
+        FAIL();
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--lr_scheduler"), std::string::npos);
+    }
+}
+
+TEST(ClipGradNorm, ScalesToTheGlobalNorm) {
+    auto a = torch::zeros({2}, torch::requires_grad());
+    auto b = torch::zeros({1}, torch::requires_grad());
+    a.mutable_grad() = torch::tensor({3.0f, 0.0f});
+    b.mutable_grad() = torch::tensor({4.0f});
+    EXPECT_NEAR(sf::clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
+    EXPECT_NEAR(a.grad()[0].item<float>(), 0.6f, 1e-5);
+    EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
+    EXPECT_NEAR(sf::clip_grad_norm({a, b}, 10.0), 1.0, 1e-5);  // under the limit: unchanged
+    EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
+}
+
+TEST(LossScaler, SkipsOnInfBacksOffAndGrows) {
+    sf::LossScalerOptions o;
+    o.init_scale = 1024;
+    o.growth_interval = 2;
+    sf::LossScaler scaler(true, o);
+    auto p = torch::zeros({2}, torch::requires_grad());
+    p.mutable_grad() = torch::tensor({2048.0f, std::numeric_limits<float>::infinity()});
+    EXPECT_FALSE(scaler.unscale({p}));
+    scaler.update(true);
+    EXPECT_EQ(scaler.scale(), 512);
+    EXPECT_EQ(scaler.skipped_steps(), 1);
+    p.mutable_grad() = torch::tensor({1024.0f, 512.0f});
+    EXPECT_TRUE(scaler.unscale({p}));
+    EXPECT_FLOAT_EQ(p.grad()[0].item<float>(), 2.0f);  // divided by the scale
+    scaler.update(false);
+    scaler.update(false);
+    EXPECT_EQ(scaler.scale(), 1024);  // grown after growth_interval clean steps
+    sf::LossScaler restored(true, o);
+    restored.load_state(scaler.state());
+    EXPECT_EQ(restored.scale(), 1024);
+    EXPECT_EQ(restored.skipped_steps(), 1);
+}
+
+TEST(FlowMatching, BatchDrawsWhatItsSamplesDrawOneByOne) {
+    const auto latents = torch::randn({3, 4, 2, 2});
+    sf::FlowMatchingConfig c;
+    at::Generator g1 = at::detail::createCPUGenerator(5), g2 = at::detail::createCPUGenerator(5);
+    const auto whole = sf::flow_matching_noise(latents, c, g1);
+    for (int64_t i = 0; i < 3; ++i) {
+        const auto one = sf::flow_matching_noise(latents.slice(0, i, i + 1), c, g2);
+        EXPECT_TRUE(torch::equal(one.noisy[0], whole.noisy[i]));
+        EXPECT_TRUE(torch::equal(one.timesteps[0], whole.timesteps[i]));
+    }
+    // x_t interpolates from the data (sigma 0) to the noise (sigma 1); the target is their
+    // difference; timesteps are sigma * 1000 and the shift pushes sigma up.
+    const auto noise = whole.target + latents;
+    const auto sig = whole.sigmas.view({3, 1, 1, 1});
+    EXPECT_TRUE(torch::allclose(whole.noisy, (1 - sig) * latents + sig * noise, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(whole.timesteps, whole.sigmas * 1000));
+    EXPECT_TRUE((whole.sigmas > 0).all().item<bool>() && (whole.sigmas <= 1).all().item<bool>());
+    c.flow_shift = 0;
+    EXPECT_THROW(sf::check_flow_matching(c), sf::Error);
+}
+
+TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
+    std::map<std::string, std::vector<int64_t>> buckets = {{"a", {0, 1, 2, 3, 4}}, {"b", {5, 6, 7}}};
+    sf::BucketSampler sampler(buckets, 2, 9);
+    EXPECT_EQ(sampler.batches_per_epoch(), 5);  // 3 + 2
+    for (int epoch = 0; epoch < 2; ++epoch) {
+        std::multiset<int64_t> seen;
+        for (int b = 0; b < 5; ++b) {
+            auto batch = sampler.next();
+            const bool in_a = batch.front() < 5;
+            for (int64_t i : batch) {
+                EXPECT_EQ(i < 5, in_a) << "a batch mixes buckets";
+                seen.insert(i);
+            }
+        }
+        EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+    }
+    // A position restores the sequence exactly; another seed gives another order.
+    sf::BucketSampler a(buckets, 2, 9), b(buckets, 2, 9), c(buckets, 2, 10);
+    for (int i = 0; i < 7; ++i) a.next();
+    b.seek(a.position());
+    std::vector<std::vector<int64_t>> from_a, from_b, from_c;
+    for (int i = 0; i < 6; ++i) {
+        from_a.push_back(a.next());
+        from_b.push_back(b.next());
+    }
+    EXPECT_EQ(from_a, from_b);
+    sf::BucketSampler a0(buckets, 2, 9);
+    std::vector<std::vector<int64_t>> first_a, first_c;
+    for (int i = 0; i < 5; ++i) {
+        first_a.push_back(a0.next());
+        first_c.push_back(c.next());
+    }
+    EXPECT_NE(first_a, first_c);
+}
+
+TEST(TrainState, CheckpointsRoundTripAndKeepTheNewest) {
+    sf::test::TempDir tmp("sf_train_state");
+    sf::TrainState s;
+    s.step = 3;
+    s.sampler_epoch = 1;
+    s.sampler_batch = 2;
+    s.scaler = {{"scale", 128.0}, {"good_steps", 1.0}, {"skipped", 0.0}};
+    s.settings = {{"rank", "4"}};
+    s.trainable = {{"w", torch::arange(6, torch::kFloat).view({2, 3})}};
+    s.optimizer = {{"w.exp_avg", torch::ones({2, 3})}, {"w.step", torch::scalar_tensor(3, torch::kLong)}};
+    s.rng = {{"default", at::detail::getDefaultCPUGenerator().get_state()}};
+    s.losses = {0.5, 0.25, 0.125000000001};
+    const std::string out = tmp.file("out");
+    sf::save_checkpoint(out, s, 2);
+    s.step = 6;
+    sf::save_checkpoint(out, s, 2);
+    s.step = 9;
+    const std::string last = sf::save_checkpoint(out, s, 2);
+    EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-3"));  // beyond the limit of 2
+    EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-6"));
+    // A directory without state.json (a crash mid-save) is not a checkpoint.
+    std::filesystem::create_directories(out + "/checkpoint-12");
+    ASSERT_EQ(sf::latest_checkpoint(out), last);
+
+    const sf::TrainState r = sf::load_checkpoint(last);
+    EXPECT_EQ(r.step, 9);
+    EXPECT_EQ(r.sampler_batch, 2);
+    EXPECT_EQ(r.losses, s.losses);  // exact doubles
+    EXPECT_TRUE(torch::equal(r.trainable.at(0).second, s.trainable.at(0).second));
+    EXPECT_EQ(r.optimizer.at("w.step").item<int64_t>(), 3);
+    EXPECT_TRUE(torch::equal(r.rng.at("default"), s.rng.at("default")));
+    EXPECT_EQ(sf::settings_diff(r.settings, {{"rank", "8"}}), std::vector<std::string>{"rank: 4 -> 8"});
+}
+
+TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
+    sf::TrainStepOptions whole_o, micro_o;
+    whole_o.keep_gradients = micro_o.keep_gradients = true;
+    micro_o.accumulation = 2;
+    auto whole = make_step(seeded_model(), whole_o, 0.0);
+    auto micro = make_step(seeded_model(), micro_o, 0.0);
+    const sf::MicroBatch batch = sample_batch(2);
+    at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
+    const auto r1 = whole.step([&](int64_t) { return batch; }, g1);
+    const auto r2 = micro.step([&](int64_t k) { return slice(batch, k); }, g2);
+    EXPECT_NEAR(r1.loss, r2.loss, 1e-5 * std::abs(r1.loss));
+    const auto p1 = named(*whole.model()), p2 = named(*micro.model());
+    ASSERT_EQ(p1.size(), p2.size());
+    for (size_t i = 0; i < p1.size(); ++i) {
+        ASSERT_TRUE(p1[i].second.grad().defined()) << p1[i].first;
+        EXPECT_TRUE(torch::allclose(p1[i].second.grad(), p2[i].second.grad(), 1e-4, 1e-6)) << p1[i].first;
+    }
+}
+
+TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
+    sf::TrainStepOptions plain_o, fused_o;
+    fused_o.fused_backward = true;
+    auto plain = make_step(seeded_model(), plain_o);
+    auto fused = make_step(seeded_model(), fused_o);
+    const sf::MicroBatch batch = sample_batch(2);
+    at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
+    for (int i = 0; i < 3; ++i) {
+        plain.step([&](int64_t) { return batch; }, g1);
+        fused.step([&](int64_t) { return batch; }, g2);
+    }
+    const auto p1 = named(*plain.model()), p2 = named(*fused.model());
+    for (size_t i = 0; i < p1.size(); ++i) {
+        EXPECT_TRUE(torch::equal(p1[i].second, p2[i].second)) << p1[i].first;
+        EXPECT_FALSE(p2[i].second.grad().defined()) << "the fused pass keeps no gradient: " << p2[i].first;
+    }
+}
+
+TEST(TrainStep, FusedBackwardPassNeverHoldsAllGradients) {
+    // A model whose weights outweigh its activations (wide, small latents): there the gradients
+    // are most of the backward's memory.
+    SanaTransformerConfig c = small_config();
+    c.num_attention_heads = 8;
+    c.attention_head_dim = 32;
+    c.cross_attention_dim = 256;
+    c.num_cross_attention_heads = 4;
+    c.cross_attention_head_dim = 64;
+    c.num_layers = 3;
+    torch::manual_seed(1);
+    auto plain = make_step(SanaTransformer(c), {});
+    torch::manual_seed(1);
+    sf::TrainStepOptions fo;
+    fo.fused_backward = true;
+    auto fused = make_step(SanaTransformer(c), fo);
+    int64_t param_bytes = 0;
+    for (auto& p : plain.model()->parameters()) param_bytes += p.numel() * 4;
+    sf::MicroBatch b = sample_batch(1);
+    b.latents = b.latents.slice(2, 0, 2).slice(3, 0, 2).contiguous();
+    at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
+    for (int i = 0; i < 2; ++i) {  // the second step has the optimizer state already
+        plain.step([&](int64_t) { return b; }, g1);
+        fused.step([&](int64_t) { return b; }, g2);
+    }
+    auto peak = [](const sf::TrainStep& s) {
+        return std::max(s.phase_peaks().at("backward").tensor_bytes, s.phase_peaks().at("optimizer").tensor_bytes);
+    };
+    // The plain step holds weights, two moments and a full set of gradients at once; the fused one
+    // never more than the weights, the moments and a few gradients.
+    EXPECT_LT(peak(fused), peak(plain) - param_bytes / 2) << "params " << param_bytes;
+}
+
+TEST(TrainStep, LossScalerSkipsAStepWithAnInfiniteGradient) {
+    sf::TrainStepOptions o;
+    o.loss_scaling = true;
+    auto step = make_step(seeded_model(), o);
+    auto params = named(*step.model());
+    std::vector<at::Tensor> before;
+    for (auto& [n, p] : params) before.push_back(p.detach().clone());
+    // One gradient turns infinite in this step's backward.
+    bool inject = true;
+    auto handle = params.front().second.register_hook([&](at::Tensor g) {
+        return inject ? torch::full_like(g, std::numeric_limits<float>::infinity()) : g;
+    });
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    const sf::MicroBatch batch = sample_batch(2);
+    const double scale = step.scaler().scale();
+    auto r = step.step([&](int64_t) { return batch; }, gen);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(step.scaler().scale(), scale / 2);
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].second, before[i])) << params[i].first;
+    inject = false;
+    r = step.step([&](int64_t) { return batch; }, gen);
+    EXPECT_FALSE(r.skipped);
+    EXPECT_FALSE(torch::equal(params.back().second, before.back()));
+    params.front().second.remove_hook(handle);
+}
+
+TEST(TrainStep, RefusesFusedBackwardWithGlobalClippingOrLossScaling) {
+    sf::TrainStepOptions o;
+    o.fused_backward = true;
+    o.max_grad_norm = 1.0;
+    try {
+        make_step(seeded_model(), o);
+        FAIL();
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--max_grad_norm"), std::string::npos) << e.what();
+    }
+    o.max_grad_norm = 0;
+    o.loss_scaling = true;
+    EXPECT_THROW(make_step(seeded_model(), o), sf::Error);
+}
+
+TEST(TrainStep, OutOfMemoryNamesThePhaseAndTheFlags) {
+    auto step = make_step(seeded_model(), {});
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    sf::MicroBatch batch = sample_batch(2);
+    try {
+        // Set once the batch is loaded: room for the noise, far less than a forward needs.
+        step.step(
+            [&](int64_t) {
+                sf::mem::set_cpu_budget(sf::mem::cpu_stats().current + (256 << 10));
+                return batch;
+            },
+            gen);
+        sf::mem::set_cpu_budget(0);
+        FAIL() << "the step fit in 256 KiB";
+    } catch (const sf::Error& e) {
+        sf::mem::set_cpu_budget(0);
+        EXPECT_EQ(e.code(), sf::ErrorCode::kOutOfMemory);
+        const std::string m = e.what();
+        EXPECT_NE(m.find("forward phase"), std::string::npos) << m;
+        EXPECT_NE(m.find("--gradient_checkpointing"), std::string::npos) << m;
+    }
+    // Nothing of the failed step is left, and the next step runs.
+    for (auto& p : step.model()->parameters()) EXPECT_FALSE(p.grad().defined());
+    EXPECT_NO_THROW(step.step([&](int64_t) { return batch; }, gen));
+}
+
+}  // namespace

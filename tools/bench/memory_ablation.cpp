@@ -1,0 +1,312 @@
+// Memory ablation: what each remedy saves in one full training step (forward, backward, AdamW)
+// of a Sana transformer, measured in a fresh process per variant.
+//
+//   memory_ablation [--config CONFIG.json] [--grids 32,64,128] [--batch 4] [--caption_len 300]
+//                   [--variant NAME --grid G]
+//
+// Variants: baseline (fp32, no checkpointing, dense cross-attention, the whole effective batch in
+// one micro-batch: how the unoptimised scripts run), each remedy alone (mixed_precision,
+// gradient_checkpointing, accumulation, chunked_attention, fused_backward), all of them together
+// at the same effective batch, and online_encoding: the baseline with the VAE and the text
+// encoder resident and encoding the step's batch, as training without a cache does.
+//
+// With --variant and --grid, one variant runs in this process and the last two lines are
+// peak_rss_bytes=<n> and step_seconds=<x>. Without, every variant runs in a child process per
+// grid and a table is printed; the last line is ratio=<all / baseline peak resident memory at the
+// largest grid>. A variant that does not fit (the byte budget, set below this machine's free
+// memory) is reported as such; where the baseline does not fit, the batch is halved for both.
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "core/threads.h"
+#include "model/autoencoder_dc.h"
+#include "model/autoencoder_dc_config.h"
+#include "model/gemma2.h"
+#include "model/sana_transformer.h"
+#include "stages/train_step.h"
+
+namespace {
+
+const std::vector<std::string> kVariants = {"baseline",          "mixed_precision", "gradient_checkpointing",
+                                            "accumulation",      "chunked_attention", "fused_backward",
+                                            "all",               "online_encoding"};
+
+struct Args {
+    std::string config;
+    std::vector<int64_t> grids = {32, 64, 128};
+    int64_t batch = 4;
+    int64_t caption_len = 300;
+    std::string variant;
+    int64_t grid = 0;
+    int64_t budget = 0;  // bytes; 0: from the free memory
+};
+
+// 4 blocks of width 512 with the real block structure (heads of 32, Mix-FFN 2.5x, 2304-wide
+// captions, 32-channel latents).
+sf::model::SanaTransformerConfig default_config() {
+    sf::model::SanaTransformerConfig c = sf::model::SanaTransformerConfig::named("sana-600m");
+    c.num_attention_heads = 16;
+    c.attention_head_dim = 32;
+    c.num_cross_attention_heads = 8;
+    c.cross_attention_head_dim = 64;
+    c.cross_attention_dim = 512;
+    c.num_layers = 4;
+    return c;
+}
+
+int64_t mem_available() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit) {
+        if (key == "MemAvailable:") return kb * 1024;
+    }
+    return int64_t{8} << 30;
+}
+
+sf::TrainStepOptions options_for(const std::string& v, int64_t batch) {
+    sf::TrainStepOptions o;
+    o.mark_steps = 0;
+    const bool all = v == "all";
+    if (all || v == "mixed_precision") o.mixed_precision = "bf16";
+    if (all || v == "gradient_checkpointing") o.gradient_checkpointing = 1;
+    if (all || v == "accumulation") o.accumulation = batch;
+    if (all || v == "chunked_attention") o.attention = "fused";  // SDPA where it exists, else chunked
+    if (all || v == "fused_backward") o.fused_backward = true;
+    if (!o.fused_backward) o.max_grad_norm = 1.0;
+    return o;
+}
+
+// Online encoding: the encoders resident in the training process, encoding the step's batch
+// (the VAE on the images, Gemma-2 on the captions), frozen and without gradients.
+struct OnlineEncoders {
+    sf::model::AutoencoderDC vae{nullptr};
+    sf::model::Gemma2Model text{nullptr};
+    OnlineEncoders() {
+        vae = sf::model::AutoencoderDC(sf::model::AutoencoderDCConfig::named("dc-ae-f32c32"), /*with_decoder=*/false);
+        text = sf::model::Gemma2Model(sf::model::Gemma2Config::named("gemma-2-2b"));
+        vae->eval();
+        text->eval();
+        for (auto& p : vae->parameters()) p.requires_grad_(false);
+        for (auto& p : text->parameters()) p.requires_grad_(false);
+    }
+    void encode(int64_t batch, int64_t pixels, int64_t caption_len) {
+        torch::NoGradGuard no_grad;
+        for (int64_t i = 0; i < batch; ++i) vae->encode(torch::rand({1, 3, pixels, pixels}) * 2 - 1);
+        auto ids = torch::randint(0, 1000, {batch, caption_len}, torch::kLong);
+        text->forward(ids, torch::ones({batch, caption_len}, torch::kLong));
+    }
+};
+
+int run_one(const Args& a) {
+    sf::mem::install_counting_allocator();
+    sf::set_torch_threads();
+    sf::set_log_level(sf::LogLevel::kWarn);
+    const auto config = a.config.empty() ? default_config() : sf::model::SanaTransformerConfig::from_json_file(a.config);
+    const int64_t budget = a.budget > 0 ? a.budget : mem_available() - (int64_t{3} << 29);
+    sf::mem::set_cpu_budget(budget);
+    try {
+        std::unique_ptr<OnlineEncoders> online;
+        if (a.variant == "online_encoding") online = std::make_unique<OnlineEncoders>();
+        torch::manual_seed(0);
+        sf::model::SanaTransformer model(config);
+        std::vector<std::pair<std::string, at::Tensor>> params;
+        for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+        const sf::TrainStepOptions o = options_for(a.variant, a.batch);
+        sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 1), o, c10::Device(c10::kCPU));
+        const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
+        const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
+        const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
+        const int64_t micro = a.batch / o.accumulation;
+        at::Generator gen = at::detail::createCPUGenerator(0);
+
+        sf::mem::reset_peak();
+        const auto t0 = std::chrono::steady_clock::now();
+        if (online) online->encode(a.batch, a.grid * 32, a.caption_len);
+        const auto r = step.step(
+            [&](int64_t k) {
+                return sf::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
+                                      captions.slice(0, k * micro, (k + 1) * micro),
+                                      mask.slice(0, k * micro, (k + 1) * micro)};
+            },
+            gen);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld loss=%.5f\n", a.variant.c_str(),
+                    static_cast<long long>(a.grid), static_cast<long long>(a.batch), static_cast<long long>(micro), r.loss);
+        std::printf("%s", step.phase_table().c_str());
+        std::printf("peak_tensor_bytes=%lld\n", static_cast<long long>(sf::mem::cpu_stats().peak));
+        std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(sf::mem::peak_rss_bytes()));
+        std::printf("step_seconds=%.3f\n", seconds);
+        return 0;
+    } catch (const std::exception& e) {
+        const auto* error = dynamic_cast<const sf::Error*>(&e);
+        const bool oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                         (error != nullptr && error->code() == sf::ErrorCode::kOutOfMemory);
+        std::printf("does_not_fit=%d budget=%lld error=%s\n", oom ? 1 : 0, static_cast<long long>(budget), e.what());
+        return oom ? 3 : 1;
+    }
+}
+
+struct Result {
+    bool fits = false;
+    int64_t peak_rss = 0, peak_tensors = 0;
+    double seconds = 0;
+    std::string note;
+};
+
+// Runs one variant in a child process (this program with --variant), parsing its last lines.
+Result run_child(const Args& a, const std::string& variant, int64_t grid, int64_t batch) {
+    std::vector<std::string> argv = {"memory_ablation", "--variant", variant, "--grid", std::to_string(grid),
+                                     "--batch", std::to_string(batch), "--caption_len", std::to_string(a.caption_len)};
+    if (!a.config.empty()) argv.insert(argv.end(), {"--config", a.config});
+    if (a.budget > 0) argv.insert(argv.end(), {"--budget", std::to_string(a.budget)});
+    int fds[2];
+    if (::pipe(fds) != 0) throw sf::Error::IOError("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(fds[1], 1);
+        ::close(fds[0]);
+        std::vector<char*> args;
+        for (auto& s : argv) args.push_back(s.data());
+        args.push_back(nullptr);
+        ::execv("/proc/self/exe", args.data());
+        ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    Result r;
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+        if (line.rfind("peak_rss_bytes=", 0) == 0) r.peak_rss = std::stoll(line.substr(15));
+        if (line.rfind("peak_tensor_bytes=", 0) == 0) r.peak_tensors = std::stoll(line.substr(18));
+        if (line.rfind("step_seconds=", 0) == 0) r.seconds = std::stod(line.substr(13));
+        if (line.rfind("does_not_fit=", 0) == 0) r.note = line;
+    }
+    r.fits = WIFEXITED(status) && WEXITSTATUS(status) == 0 && r.peak_rss > 0;
+    if (!r.fits && r.note.empty()) r.note = WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status)) : "failed";
+    return r;
+}
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 30)); }
+
+int run_table(const Args& a) {
+    std::printf("memory ablation: %s, batch %lld, captions of %lld tokens; one step per variant, fresh process each\n",
+                a.config.empty() ? "4 blocks of width 512 (Sana block structure)" : a.config.c_str(),
+                static_cast<long long>(a.batch), static_cast<long long>(a.caption_len));
+    std::printf("%-8s %-24s %6s %14s %14s %10s %10s %10s\n", "grid", "variant", "batch", "peak rss GiB",
+                "tensors GiB", "rss/base", "step s", "time/base");
+    std::map<std::string, Result> last_grid;
+    int64_t last_batch = a.batch;
+    for (size_t gi = 0; gi < a.grids.size(); ++gi) {
+        const int64_t grid = a.grids[gi];
+        int64_t batch = a.batch;
+        Result base = run_child(a, "baseline", grid, batch);
+        while (!base.fits && batch > 1) {
+            std::printf("%-8lld baseline does not fit at batch %lld (%s): halving the batch for every variant\n",
+                        static_cast<long long>(grid), static_cast<long long>(batch), base.note.c_str());
+            batch /= 2;
+            base = run_child(a, "baseline", grid, batch);
+        }
+        for (const auto& v : kVariants) {
+            // The encoders alone take ~11 GB; their line is measured at the smallest grid only.
+            if (v == "online_encoding" && gi != 0) continue;
+            const Result r = v == "baseline" ? base : run_child(a, v, grid, batch);
+            const std::string label = fmt::format("{} ({}px)", grid, grid * 32);
+            if (!r.fits) {
+                std::printf("%-8s %-24s %6lld  does not fit: %s\n", label.c_str(), v.c_str(), static_cast<long long>(batch),
+                            r.note.c_str());
+            } else {
+                std::printf("%-8s %-24s %6lld %14s %14s %10s %10.2f %10s\n", label.c_str(), v.c_str(),
+                            static_cast<long long>(batch), gib(r.peak_rss).c_str(), gib(r.peak_tensors).c_str(),
+                            base.fits ? fmt::format("{:.3f}", static_cast<double>(r.peak_rss) / base.peak_rss).c_str() : "-",
+                            r.seconds, base.fits ? fmt::format("{:.2f}", r.seconds / base.seconds).c_str() : "-");
+            }
+            std::fflush(stdout);
+            if (gi + 1 == a.grids.size()) last_grid[v] = r;
+        }
+        last_batch = batch;
+    }
+    const Result& base = last_grid["baseline"];
+    const Result& all = last_grid["all"];
+    if (!base.fits || !all.fits) {
+        std::printf("ratio=nan (baseline or all does not fit at the largest grid even at batch 1)\n");
+        return 1;
+    }
+    std::printf("at the largest grid, batch %lld: all remedies %.2f GiB vs baseline %.2f GiB resident, step %.2fx the baseline's time\n",
+                static_cast<long long>(last_batch), static_cast<double>(all.peak_rss) / (1 << 30),
+                static_cast<double>(base.peak_rss) / (1 << 30), all.seconds / base.seconds);
+    std::printf("ratio=%.3f\n", static_cast<double>(all.peak_rss) / static_cast<double>(base.peak_rss));
+    return 0;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+    std::vector<int64_t> out;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Args a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string flag = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "memory_ablation: %s needs a value\n", flag.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (flag == "--config") a.config = value();
+        else if (flag == "--grids") a.grids = parse_list(value());
+        else if (flag == "--batch") a.batch = std::stoll(value());
+        else if (flag == "--caption_len") a.caption_len = std::stoll(value());
+        else if (flag == "--variant") a.variant = value();
+        else if (flag == "--grid") a.grid = std::stoll(value());
+        else if (flag == "--budget") a.budget = std::stoll(value());
+        else {
+            std::fprintf(stderr, "memory_ablation: unknown flag %s (flags: --config --grids --batch --caption_len --variant --grid --budget)\n",
+                         flag.c_str());
+            return 2;
+        }
+    }
+    if (a.batch < 1 || a.caption_len < 1 || a.grids.empty()) {
+        std::fprintf(stderr, "memory_ablation: --batch, --caption_len and --grids must be positive\n");
+        return 2;
+    }
+    if (!a.variant.empty()) {
+        if (std::find(kVariants.begin(), kVariants.end(), a.variant) == kVariants.end()) {
+            std::fprintf(stderr, "memory_ablation: unknown variant %s\n", a.variant.c_str());
+            return 2;
+        }
+        if (a.grid <= 0) a.grid = a.grids.back();
+        return run_one(a);
+    }
+    return run_table(a);
+}
