@@ -16,6 +16,8 @@
 // "...lora_B.weight" ([out, rank]), and alpha != rank needs the metadata to load right.
 #include "model/lora.h"
 
+#include "model/load_report.h"
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -119,19 +121,6 @@ std::string available_linears(const std::vector<std::string>& linear_paths) {
     return out;
 }
 
-std::string shape_string(at::IntArrayRef shape) {
-    return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-// As weights.cpp lists them: the count, then at most kMaxListed names.
-void append_list(std::string& out, const char* what, const std::vector<std::string>& items) {
-    constexpr size_t kMaxListed = 40;
-    if (items.empty()) return;
-    out += fmt::format("\n  {} {}:", items.size(), what);
-    for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-    if (items.size() > kMaxListed)
-        out += fmt::format("\n    ... and {} more", items.size() - kMaxListed);
-}
 
 // Every adapted Linear of `root` with its path, in module order.
 std::vector<std::pair<std::string, Adapter>> adapters_of(const nn::Module& root) {

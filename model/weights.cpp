@@ -8,27 +8,23 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/load_report.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 
 namespace sf::model {
-namespace {
 
 std::string shape_string(at::IntArrayRef shape) {
     return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Lists at most this many names per kind in the error; the count is always given.
-constexpr size_t kMaxListed = 40;
-
 void append_list(std::string& out, const char* what, const std::vector<std::string>& items) {
+    constexpr size_t kMaxListed = 40;  // names per kind; the count is always given
     if (items.empty()) return;
     out += fmt::format("\n  {} {}:", items.size(), what);
     for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
     if (items.size() > kMaxListed) out += fmt::format("\n    ... and {} more", items.size() - kMaxListed);
 }
-
-}  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> state_dict(const torch::nn::Module& module) {
     std::vector<std::pair<std::string, at::Tensor>> out;

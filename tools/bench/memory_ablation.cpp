@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -138,7 +139,12 @@ int run_one(const Args& a) {
 
         sf::mem::reset_peak();
         const auto t0 = std::chrono::steady_clock::now();
-        if (online) online->encode(a.batch, a.grid * 32, a.caption_len);
+        int64_t peak_tensors = 0, peak_rss = 0;
+        if (online) {
+            online->encode(a.batch, a.grid * 32, a.caption_len);
+            peak_tensors = sf::mem::cpu_stats().peak;
+            peak_rss = sf::mem::peak_rss_bytes();
+        }
         const auto r = step.step(
             [&](int64_t k) {
                 return sf::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
@@ -150,8 +156,13 @@ int run_one(const Args& a) {
         std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld loss=%.5f\n", a.variant.c_str(),
                     static_cast<long long>(a.grid), static_cast<long long>(a.batch), static_cast<long long>(micro), r.loss);
         std::printf("%s", step.phase_table().c_str());
-        std::printf("peak_tensor_bytes=%lld\n", static_cast<long long>(sf::mem::cpu_stats().peak));
-        std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(sf::mem::peak_rss_bytes()));
+        // TrainStep resets the peaks at each phase and keeps each phase's: the step's peak is theirs.
+        for (const auto& [phase, peak] : step.phase_peaks()) {
+            peak_tensors = std::max(peak_tensors, peak.tensor_bytes);
+            peak_rss = std::max(peak_rss, peak.rss_bytes);
+        }
+        std::printf("peak_tensor_bytes=%lld\n", static_cast<long long>(peak_tensors));
+        std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(peak_rss));
         std::printf("step_seconds=%.3f\n", seconds);
         return 0;
     } catch (const std::exception& e) {
