@@ -279,6 +279,15 @@ void empty_cache() {
     compat::cuda_empty_cache();
 }
 
+int64_t release_memory(const std::string& where) {
+    const int64_t pooled = pool().pooled();
+    const int64_t rss_before = rss_bytes();
+    empty_cache();
+    log_info("memory released at {}: {} pooled, rss {} -> {}", where, format_bytes(pooled), format_bytes(rss_before),
+             format_bytes(rss_bytes()));
+    return pooled;
+}
+
 void reset_peak() {
     g_peak = g_current.load();
     compat::cuda_reset_peak(0);

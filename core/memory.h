@@ -59,8 +59,11 @@ void set_cpu_pool_limit(int64_t bytes);  // 0 disables pooling
 int64_t cpu_pool_limit();
 
 // Hands memory held for reuse back to the system: the CPU pool and the CUDA caching allocator.
-// Called between phases, after a model is freed.
 void empty_cache();
+// empty_cache() at a phase boundary (a model freed, training set up or done, after running out
+// of memory), logged with what it gave back: "memory released at <where>: ...". Returns the CPU
+// pool's bytes released.
+int64_t release_memory(const std::string& where);
 
 // CUDA caching-allocator statistics for `device`; zeros when built without CUDA or no GPU.
 Stats cuda_stats(int device = 0);

@@ -16,6 +16,30 @@
 namespace sf::model {
 namespace {
 
+// A module's weights copied to `device` for the guard's lifetime; the host tensors come back
+// after, with no copy from the device (the weights are frozen, so nothing changed there).
+class WeightsOnDevice {
+public:
+    WeightsOnDevice(torch::nn::Module& module, c10::Device device) {
+        for (auto t : module.parameters()) move(t, device);
+        for (auto t : module.buffers()) move(t, device);
+    }
+    ~WeightsOnDevice() {
+        for (auto& [t, host] : moved_) t.set_data(host);
+    }
+    WeightsOnDevice(const WeightsOnDevice&) = delete;
+    WeightsOnDevice& operator=(const WeightsOnDevice&) = delete;
+
+private:
+    void move(at::Tensor t, c10::Device device) {
+        if (t.device() == device) return;
+        at::Tensor host = t.data();
+        t.set_data(host.to(device, /*non_blocking=*/true));
+        moved_.emplace_back(t, host);
+    }
+    std::vector<std::pair<at::Tensor, at::Tensor>> moved_;
+};
+
 using nlohmann::json;
 
 constexpr const char* kSlidingAttention = "sliding_attention";
@@ -458,7 +482,8 @@ torch::Tensor Gemma2ModelImpl::forward(const torch::Tensor& input_ids,
         }
     }
 
-    torch::Tensor h = embed_tokens(input_ids);  // [B, L] -> [B, L, hidden]
+    torch::Tensor h = offload_ ? embed_tokens(input_ids.to(torch::kCPU)).to(*offload_)
+                               : embed_tokens(input_ids);  // [B, L] -> [B, L, hidden]
     // sqrt(hidden) rounded to the hidden dtype first (in bf16, sqrt(2304) = 48 exactly, but
     // sqrt(3072) becomes 55.5): upstream multiplies by a tensor of that dtype.
     h = h * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), h.options());
@@ -483,9 +508,24 @@ torch::Tensor Gemma2ModelImpl::forward(const torch::Tensor& input_ids,
     }
     for (const auto& module : *layers) {
         auto* layer = module->as<Gemma2DecoderLayerImpl>();
+        std::optional<WeightsOnDevice> on_device;
+        if (offload_) on_device.emplace(*layer, *offload_);
         h = layer->forward(h, cos, sin, layer->is_sliding ? sliding_mask : full_mask);
     }
+    std::optional<WeightsOnDevice> on_device;
+    if (offload_) on_device.emplace(*norm, *offload_);
     return norm(h);
+}
+
+void Gemma2ModelImpl::set_offload(std::optional<c10::Device> device) {
+    if (device) {
+        for (const auto& p : parameters()) {
+            if (!p.device().is_cpu()) {
+                throw Error::InvalidArgument("Gemma2Model::set_offload: the weights must be in host memory");
+            }
+        }
+    }
+    offload_ = device;
 }
 
 torch::Tensor gemma2_attention_mask(const torch::Tensor& attention_mask, int64_t batch,

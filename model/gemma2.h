@@ -142,12 +142,20 @@ public:
 
     const Gemma2Config& config() const { return config_; }
 
+    // Sequential offload, for a device smaller than the encoder: the weights stay in host memory
+    // and each decoder layer's are copied to `device` just for that layer's forward, so the
+    // device holds one layer's weights and the activations. The embedding lookup runs on the
+    // host (the table is a fifth of Gemma-2-2B). The module must be on the CPU; nullopt turns it
+    // off. Results are those of the resident model.
+    void set_offload(std::optional<c10::Device> device);
+
     torch::nn::Embedding embed_tokens{nullptr};
     torch::nn::ModuleList layers{nullptr};
     Gemma2RMSNorm norm{nullptr};
 
 private:
     Gemma2Config config_;
+    std::optional<c10::Device> offload_;
     // RoPE inverse frequencies [head_dim / 2], fp32. A plain member: upstream's buffer is
     // non-persistent, so it is not a state-dict key.
     torch::Tensor inv_freq_;

@@ -211,7 +211,11 @@ PrepReport run_prep(const PrepOptions& o) {
     const DecodeImageStage decoder(decode_config);
 
     std::unique_ptr<EncodeTextStage> text_stage;
-    if (o.text) text_stage = std::make_unique<EncodeTextStage>(encoder_config<EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size));
+    if (o.text) {
+        auto config = encoder_config<EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size);
+        config.offload = o.offload;
+        text_stage = std::make_unique<EncodeTextStage>(config);
+    }
     std::unique_ptr<EncodeVAEStage> vae_stage;
     if (o.vae) vae_stage = std::make_unique<EncodeVAEStage>(encoder_config<EncodeVAEConfig>(o, "dc-ae-tiny", o.vae_batch_size));
 

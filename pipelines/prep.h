@@ -36,6 +36,7 @@ struct PrepOptions {
     int text_batch_size = 8;
     int commit_batch = 64;  // records per LMDB transaction
     bool rebuild = false;   // drop a stage whose fingerprint differs, instead of refusing
+    bool offload = false;   // text encoder weights on the host, one layer at a time on the device
     bool text = true;       // run the text phase
     bool vae = true;        // run the VAE phase (off: sample index only)
 };

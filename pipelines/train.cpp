@@ -225,6 +225,7 @@ TrainReport run_train(const TrainOptions& o) {
         log_info("train: checkpoint {}", path);
     };
 
+    mem::release_memory("train before the first step");  // what setting up held (checkpoint reads, casts)
     graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
     while (trainer.steps_done() < o.max_train_steps) {
         const StepResult r = trainer.step(
@@ -257,6 +258,7 @@ TrainReport run_train(const TrainOptions& o) {
         model::save_weights(*transformer, report.weights_path);
     }
     memlog.mark("train", "end");
+    mem::release_memory("train end");
     nlohmann::json summary;
     summary["steps"] = trainer.steps_done();
     summary["first_step_of_this_run"] = report.first_step;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/threads.h"
 #include "model/gemma2.h"
 #include "model/text_prompt.h"
@@ -71,7 +72,12 @@ public:
                   m->to(dtype);
               }
               m->eval();
-              m->to(device);
+              if (config.offload) {
+                  m->set_offload(device);  // the weights stay on the host
+                  log_info("encode_text: --offload: the text encoder's layers go to {} one at a time", device.str());
+              } else {
+                  m->to(device);
+              }
               return m;
           }) {
         model::SanaPromptOptions options;

@@ -30,6 +30,9 @@ struct EncodeTextConfig {
     int batch_size = 8;
     int max_length = 300;
     bool complex_human_instruction = true;
+    // Keep the encoder's weights in host memory and move one layer at a time to the device
+    // (prep --offload): for a device smaller than the encoder. Same features, slower.
+    bool offload = false;
 };
 
 class EncodeTextStage {

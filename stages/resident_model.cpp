@@ -14,7 +14,7 @@ void resident_model_after_load(const std::string& stage) { mem::memory_log().mar
 void resident_model_before_free(const std::string& stage) { mem::memory_log().mark(stage, "peak"); }
 
 void resident_model_after_free(const std::string& stage) {
-    mem::empty_cache();
+    mem::release_memory(stage + " after free");
     mem::memory_log().mark(stage, "after free");
 }
 

@@ -115,6 +115,16 @@ TrainStep::TrainStep(model::SanaTransformer model, std::vector<std::pair<std::st
       device_(device),
       scaler_(options_.loss_scaling) {
     validate(options_);
+    const c10::ScalarType autocast_dtype = resolve_dtype(options_.mixed_precision);
+    if (autocast_dtype != at::kFloat) {
+        try {  // refused now, naming the flag, rather than inside the first step
+            model::AutocastGuard probe(device_.type(), autocast_dtype, true);
+        } catch (const Error& e) {
+            throw Error::InvalidArgument(fmt::format("--mixed_precision {} on {}: {}{}", options_.mixed_precision,
+                                                     device_.str(), e.what(),
+                                                     device_.is_cpu() ? " (use bf16 on the CPU)" : ""));
+        }
+    }
     if (trainable.empty()) throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
@@ -158,7 +168,7 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
     // Release what the failed step holds before reporting, so a caller that adapts can retry.
     adamw_->zero_grad();
     if (fused_) fused_->disarm();
-    mem::empty_cache();
+    mem::release_memory(fmt::format("train step {} after running out of memory", step_ + 1));
     throw Error::OutOfMemory(fmt::format("out of memory in the {} phase of step {}: {}. Flags that lower it: {}", phase,
                                          step_ + 1, what, remedies_for(phase)));
 }

@@ -180,6 +180,14 @@ TEST(MemoryPool, NeverHoldsMoreThanThePeakOfLiveBlocks) {
     sf::mem::empty_cache();
 }
 
+TEST(MemoryPool, ReleaseAtAPhaseBoundaryEmptiesThePool) {
+    sf::mem::empty_cache();
+    { auto t = torch::empty({5 << 20}, torch::kUInt8); }
+    ASSERT_GE(sf::mem::cpu_pooled_bytes(), 5 << 20);
+    EXPECT_GE(sf::mem::release_memory("test"), 5 << 20);
+    EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+}
+
 TEST(MemoryPool, BudgetStillCountsRequestedBytes) {
     sf::mem::empty_cache();
     { auto warm = torch::empty({6 << 20}, torch::kUInt8); }  // pooled, 6 MiB and change

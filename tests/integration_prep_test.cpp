@@ -235,6 +235,7 @@ TEST(PrepIntegration, SameInputGivesTheSameCacheBytes) {
     b.cache_dir = tmp.file("cache_b");
     b.workers = 1;  // other timing: with batches cut by arrival, other batch boundaries
     b.max_in_flight = 7;
+    b.offload = true;  // the text encoder layer by layer: the same features
     run_prep(a);
     run_prep(b);
     for (const char* db : {"samples", "latents", "text", "manifest"}) {

@@ -79,6 +79,36 @@ TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {
     EXPECT_NE(report.phase_table.find("backward"), std::string::npos);
 }
 
+// The saved transformer/ is a diffusers-layout model that training can start from again: its
+// first loss is the trained model's, not a fresh one's; its config.json alone trains from scratch.
+TEST(TrainIntegration, FineTunesFromItsOwnOutputAndTrainsFromAConfig) {
+    TempDir out("sf_train_finetune");
+    auto o = train_options(out.file("base"));
+    o.max_train_steps = 40;
+    const auto base = sf::pipelines::run_train(o);
+
+    auto tune = train_options(out.file("tune"));
+    tune.max_train_steps = 5;
+    tune.pretrained_model_name_or_path = out.file("base");
+    const auto tuned = sf::pipelines::run_train(tune);
+    auto scratch = train_options(out.file("scratch"));
+    scratch.max_train_steps = 5;
+    scratch.transformer_config = out.file("base/transformer/config.json");
+    const auto fresh = sf::pipelines::run_train(scratch);
+    // The same seed draws the same batches and noise in both short runs.
+    EXPECT_LT(mean(tuned.losses, 0, 5), 0.9 * mean(fresh.losses, 0, 5));
+    EXPECT_NEAR(mean(fresh.losses, 0, 5), mean(base.losses, 0, 5), 1e-9);  // seeded: the base run's start
+
+    auto wrong = train_options(out.file("wrong"));
+    wrong.pretrained_model_name_or_path = out.file("nothing-here");
+    try {
+        sf::pipelines::run_train(wrong);
+        FAIL();
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("nothing-here"), std::string::npos) << e.what();
+    }
+}
+
 TEST(TrainIntegration, KilledAndResumedRunEqualsAnUninterruptedOne) {
     TempDir out("sf_train_resume");
     auto args = [&](const std::string& dir) {

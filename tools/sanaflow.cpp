@@ -139,6 +139,8 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
     cmd->add_flag("--rebuild", o.rebuild, "rebuild a stage whose fingerprint differs instead of refusing");
+    cmd->add_flag("--offload", o.offload,
+                  "keep the text encoder's weights in host memory, one layer at a time on the device");
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)

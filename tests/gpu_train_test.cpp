@@ -1,0 +1,125 @@
+// On a CUDA device (skipped without one): the caching allocator's statistics, a training step
+// on the GPU against the same step on the CPU, the remedies lowering the CUDA peak, and the text
+// encoder's sequential offload. tools/gpu_check.sh builds and runs these on a GPU machine.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/memory.h"
+#include "model/gemma2.h"
+#include "model/sana_transformer.h"
+#include "stages/train_step.h"
+
+namespace {
+
+using sf::model::SanaTransformer;
+using sf::model::SanaTransformerConfig;
+
+#define SKIP_WITHOUT_CUDA() \
+    if (!sf::mem::cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+SanaTransformerConfig config() {
+    SanaTransformerConfig c = SanaTransformerConfig::named("sana-tiny");
+    c.caption_channels = 64;
+    c.num_layers = 4;
+    return c;
+}
+
+sf::MicroBatch batch(int64_t grid) {
+    torch::manual_seed(5);
+    return {torch::randn({2, 32, grid, grid}), torch::randn({2, 40, 64}), torch::ones({2, 40}, torch::kLong)};
+}
+
+// Peak CUDA bytes of one step with `o`, after a first step has made the optimizer state.
+int64_t cuda_step_peak(sf::TrainStepOptions o, int64_t grid) {
+    torch::manual_seed(1);
+    SanaTransformer model(config());
+    model->to(torch::kCUDA);
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+    sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
+    const auto b = batch(grid);
+    at::Generator gen = at::detail::createCPUGenerator(0);
+    const int64_t micro = b.latents.size(0) / o.accumulation;
+    auto load = [&](int64_t k) {
+        return sf::MicroBatch{b.latents.slice(0, k * micro, (k + 1) * micro), b.prompt_embeds.slice(0, k * micro, (k + 1) * micro),
+                              b.prompt_mask.slice(0, k * micro, (k + 1) * micro)};
+    };
+    step.step(load, gen);
+    step.step(load, gen);
+    int64_t peak = 0;
+    for (const auto& [phase, p] : step.phase_peaks()) peak = std::max(peak, p.tensor_bytes);
+    return peak;
+}
+
+TEST(GpuMemory, CachingAllocatorStatsSeeTensorsAndEmptyCacheReturnsThem) {
+    SKIP_WITHOUT_CUDA();
+    sf::mem::reset_peak();
+    const int64_t before = sf::mem::cuda_stats().current;
+    {
+        auto t = torch::empty({64 << 20}, torch::TensorOptions(torch::kCUDA).dtype(torch::kUInt8));
+        EXPECT_GE(sf::mem::cuda_stats().current - before, 64 << 20);
+    }
+    EXPECT_GE(sf::mem::cuda_stats().peak - before, 64 << 20);
+    EXPECT_EQ(sf::mem::cuda_stats().current, before);
+    sf::mem::empty_cache();
+}
+
+TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
+    SKIP_WITHOUT_CUDA();
+    double losses[2];
+    for (int i = 0; i < 2; ++i) {
+        const c10::Device device = i == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
+        torch::manual_seed(1);
+        SanaTransformer model(config());
+        model->to(device);
+        std::vector<std::pair<std::string, at::Tensor>> params;
+        for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+        sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 10), {}, device);
+        const auto b = batch(16);
+        at::Generator gen = at::detail::createCPUGenerator(0);
+        losses[i] = step.step([&](int64_t) { return b; }, gen).loss;
+    }
+    EXPECT_NEAR(losses[0], losses[1], 1e-3 * std::abs(losses[0]));
+}
+
+TEST(GpuTrain, RemediesLowerTheCudaPeak) {
+    SKIP_WITHOUT_CUDA();
+    sf::TrainStepOptions plain;
+    const int64_t base = cuda_step_peak(plain, 64);
+    sf::TrainStepOptions ckpt;
+    ckpt.gradient_checkpointing = 1;
+    EXPECT_LT(cuda_step_peak(ckpt, 64), 0.7 * base);
+    sf::TrainStepOptions bf16;
+    bf16.mixed_precision = "bf16";
+    EXPECT_LT(cuda_step_peak(bf16, 64), base);
+    sf::TrainStepOptions accum;
+    accum.accumulation = 2;
+    EXPECT_LT(cuda_step_peak(accum, 64), 0.8 * base);
+}
+
+TEST(GpuOffload, TextEncoderLayersOneAtATimeKeepTheDevicePeakBelowTheWeights) {
+    SKIP_WITHOUT_CUDA();
+    sf::model::Gemma2Config c = sf::model::Gemma2Config::named("gemma-2-tiny");
+    c.hidden_size = 512;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 8;
+    torch::manual_seed(0);
+    sf::model::Gemma2Model resident(c);
+    resident->eval();
+    int64_t weight_bytes = 0;
+    for (const auto& p : resident->parameters()) weight_bytes += p.numel() * p.element_size();
+    const auto ids = torch::randint(0, c.vocab_size, {2, 32}, torch::kLong);
+    torch::NoGradGuard no_grad;
+    resident->set_offload(c10::Device(c10::kCUDA, 0));
+    sf::mem::empty_cache();
+    sf::mem::reset_peak();
+    const auto offloaded = resident->forward(ids).cpu();
+    const int64_t offload_peak = sf::mem::cuda_stats().peak;
+    resident->set_offload(std::nullopt);
+    const auto on_cpu = resident->forward(ids);
+    EXPECT_TRUE(torch::allclose(offloaded, on_cpu, 1e-3, 1e-4));
+    EXPECT_LT(offload_peak, weight_bytes / 2) << "offload peak " << offload_peak << " weights " << weight_bytes;
+}
+
+}  // namespace
