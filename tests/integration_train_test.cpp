@@ -190,6 +190,22 @@ TEST(TrainCli, HelpAndBadFlags) {
                                             " --output_dir /tmp/sf_unused --fused_backward_pass");
     EXPECT_NE(fused_clip.exit_code, 0);
     EXPECT_NE(fused_clip.output.find("--max_grad_norm"), std::string::npos) << fused_clip.output;
+    // A YAML config holds the same keys; a typed flag wins over the file; an unknown key is named.
+    TempDir tmp("sf_train_yaml");
+    sf::test::write_file(tmp.path() / "train.yaml",
+                         "# tiny run\ncache_dir: " + shared_cache() + "\nmax_train_steps: 5\nlearning_rate: 1e-3  # c\n"
+                         "gradient_checkpointing: true\nlora_target_modules: \"to_q,to_k\"\nrank: 2\n");
+    auto yaml = sf::test::run_command(kSanaflow + " -q train --config " + tmp.file("train.yaml") +
+                                      " --max_train_steps 2 --output_dir " + tmp.file("out"));
+    EXPECT_EQ(yaml.exit_code, 0) << yaml.output;
+    EXPECT_NE(yaml.output.find("trained 2 steps"), std::string::npos) << yaml.output;
+    EXPECT_EQ(losses_in(tmp.file("out")).size(), 2u);
+    sf::test::write_file(tmp.path() / "bad.yaml", "learning_rat: 1\n");
+    auto bad = sf::test::run_command(kSanaflow + " train --config " + tmp.file("bad.yaml") + " --cache_dir " +
+                                     shared_cache() + " --output_dir " + tmp.file("out2"));
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("learning_rat"), std::string::npos) << bad.output;
+
     auto no_cache = sf::test::run_command(kSanaflow + " train --cache_dir /nonexistent/cache --output_dir /tmp/sf_unused");
     EXPECT_NE(no_cache.exit_code, 0);
     EXPECT_NE(no_cache.output.find("/nonexistent/cache"), std::string::npos) << no_cache.output;

@@ -17,6 +17,7 @@
 #include "pipelines/models_table.h"
 #include "pipelines/prep.h"
 #include "pipelines/train.h"
+#include "tools/yaml_config.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
 #endif
@@ -246,6 +247,12 @@ int main(int argc, char** argv) {
     int64_t checkpointing_every = 1;
     auto* train_cmd = app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
     add_train_flags(train_cmd, train, checkpointing, checkpointing_every);
+    // `--config FILE` is expanded into flags before parsing (tools/yaml_config.h); declared here
+    // for --help only.
+    std::string config_file;
+    for (CLI::App* cmd : {prep_cmd, train_cmd}) {
+        cmd->add_option("--config", config_file, "a YAML file of this command's flags, key: value per line; typed flags win");
+    }
 
     auto* models_cmd = app.add_subcommand("models", "list the built-in model configurations and their parameter counts");
 
@@ -258,9 +265,14 @@ int main(int argc, char** argv) {
         ->capture_default_str();
 
     try {
-        app.parse(argc, argv);
+        std::vector<std::string> args = sf::tools::expand_yaml_config(argc, argv);
+        std::reverse(args.begin(), args.end());  // CLI11 consumes a vector from its back
+        app.parse(std::move(args));
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
+    } catch (const sf::Error& e) {
+        std::fprintf(stderr, "sanaflow: %s\n", e.what());
+        return 2;
     }
     if (quiet) sf::set_log_level(sf::LogLevel::kWarn);
     if (verbose) sf::set_log_level(sf::LogLevel::kDebug);
