@@ -379,10 +379,10 @@ void cast_frozen(nn::Module& root, c10::ScalarType dtype) {
     }
 }
 
-std::vector<at::Tensor> trainable_parameters(const nn::Module& root) {
-    std::vector<at::Tensor> out;
+std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(const nn::Module& root) {
+    std::vector<std::pair<std::string, at::Tensor>> out;
     for (const auto& p : root.named_parameters(/*recurse=*/true)) {
-        if (p.value().requires_grad()) out.push_back(p.value());
+        if (p.value().requires_grad()) out.emplace_back(p.key(), p.value());
     }
     return out;
 }

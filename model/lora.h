@@ -4,7 +4,7 @@
 //
 //   add_lora(*model, LoRAConfig{.rank = 16, .alpha = 16});  // freezes everything else
 //   cast_frozen(*model, at::kBFloat16);                      // optional: bf16 base, fp32 adapters
-//   torch::optim::AdamW opt(trainable_parameters(*model), ...);
+//   sf::AdamW opt(trainable_parameters(*model), ...);
 //   ... train ...
 //   save_lora(*model, output_dir + "/" + kLoraWeightName);
 //
@@ -96,8 +96,8 @@ void load_lora(torch::nn::Module& root, const std::string& path);
 // otherwise the first matmul fails on mixed dtypes.
 void cast_frozen(torch::nn::Module& root, c10::ScalarType dtype);
 
-// The parameters with requires_grad == true, in named_parameters() order: what the optimizer
-// should see after add_lora.
-std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& root);
+// The parameters with requires_grad == true, by name, in named_parameters() order: what the
+// optimizer should see (after add_lora, the adapters; without, every weight).
+std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(const torch::nn::Module& root);
 
 }  // namespace sf::model

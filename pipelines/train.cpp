@@ -110,8 +110,6 @@ std::map<std::string, std::string> run_settings(const TrainOptions& o, const std
             {"weighting_scheme", o.weighting_scheme}};
 }
 
-at::Tensor rng_state(at::Generator gen) { return gen.get_state(); }
-
 }  // namespace
 
 TrainReport run_train(const TrainOptions& o) {
@@ -133,7 +131,6 @@ TrainReport run_train(const TrainOptions& o) {
     memlog.mark("train", "before model");
     std::string source;
     model::SanaTransformer transformer = build_transformer(o, set, source);
-    std::vector<std::pair<std::string, at::Tensor>> trainable;
     if (o.rank > 0) {
         model::LoRAConfig lora;
         lora.rank = o.rank;
@@ -144,10 +141,8 @@ TrainReport run_train(const TrainOptions& o) {
         // memory, and autocast would cast it to that dtype for every matmul anyway.
         if (o.mixed_precision == "bf16") model::cast_frozen(*transformer, at::kBFloat16);
     }
-    for (auto& item : transformer->named_parameters()) {
-        if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
-    }
     transformer->to(device);
+    const std::vector<std::pair<std::string, at::Tensor>> trainable = model::trainable_parameters(*transformer);
     int64_t trainable_count = 0;
     for (const auto& [name, p] : trainable) trainable_count += p.numel();
     memlog.mark("train", "after model");
@@ -188,7 +183,7 @@ TrainReport run_train(const TrainOptions& o) {
             }
             torch::NoGradGuard no_grad;
             std::map<std::string, at::Tensor> saved(state.trainable.begin(), state.trainable.end());
-            for (auto& [name, p] : trainable) {
+            for (const auto& [name, p] : trainable) {
                 auto it = saved.find(name);
                 if (it == saved.end() || !it->second.sizes().equals(p.sizes())) {
                     throw Error::Corruption(fmt::format("{}: trainable tensor {} missing or misshaped", *dir, name));
@@ -218,8 +213,9 @@ TrainReport run_train(const TrainOptions& o) {
         state.settings = settings;
         state.trainable = trainable;
         state.optimizer = trainer.optimizer().state();
-        state.rng["default"] = rng_state(at::detail::getDefaultCPUGenerator());
-        state.rng["data"] = rng_state(gen);
+        at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
+        state.rng["default"] = global.get_state();
+        state.rng["data"] = gen.get_state();
         state.losses = report.losses;
         const std::string path = save_checkpoint(o.output_dir, state, o.checkpoints_total_limit);
         log_info("train: checkpoint {}", path);

@@ -134,14 +134,16 @@ at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return enabled
 
 bool LossScaler::unscale(const std::vector<at::Tensor>& params) const {
     at::NoGradGuard no_grad;
-    bool finite = true;
+    // One flag per gradient, read back once: a read per parameter would wait for the device
+    // hundreds of times a step.
+    std::vector<at::Tensor> finite;
     for (const auto& p : params) {
         at::Tensor g = p.grad();
         if (!g.defined()) continue;
         if (enabled_) g.mul_(1.0 / scale_);
-        if (finite && !at::isfinite(g).all().item<bool>()) finite = false;
+        finite.push_back(at::isfinite(g).all());
     }
-    return finite;
+    return finite.empty() || at::stack(finite).all().item<bool>();
 }
 
 void LossScaler::update(bool found_inf) {

@@ -45,13 +45,13 @@ void validate(const TrainStepOptions& o) {
     check_flow_matching(o.flow);
 }
 
-bool is_oom(const std::exception& e) {
+}  // namespace
+
+bool is_out_of_memory(const std::exception& e) {
     if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
     const auto* error = dynamic_cast<const Error*>(&e);
     return error != nullptr && error->code() == ErrorCode::kOutOfMemory;
 }
-
-}  // namespace
 
 // The fused backward pass: a post hook on each parameter's gradient accumulator, which runs once
 // the gradient is complete (accumulated), updates that parameter and frees its gradient. This is
@@ -115,10 +115,10 @@ TrainStep::TrainStep(model::SanaTransformer model, std::vector<std::pair<std::st
       device_(device),
       scaler_(options_.loss_scaling) {
     validate(options_);
-    const c10::ScalarType autocast_dtype = resolve_dtype(options_.mixed_precision);
-    if (autocast_dtype != at::kFloat) {
+    autocast_dtype_ = resolve_dtype(options_.mixed_precision);
+    if (autocast_dtype_ != at::kFloat) {
         try {  // refused now, naming the flag, rather than inside the first step
-            model::AutocastGuard probe(device_.type(), autocast_dtype, true);
+            model::AutocastGuard probe(device_.type(), autocast_dtype_, true);
         } catch (const Error& e) {
             throw Error::InvalidArgument(fmt::format("--mixed_precision {} on {}: {}{}", options_.mixed_precision,
                                                      device_.str(), e.what(),
@@ -176,12 +176,11 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
 StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen) {
     StepResult result;
     result.lr = schedule_.at(step_);
-    const c10::ScalarType autocast_dtype = resolve_dtype(options_.mixed_precision);
-    const bool autocast = autocast_dtype != at::kFloat;
+    const bool autocast = autocast_dtype_ != at::kFloat;
     std::string phase = "data";
     adamw_->zero_grad();  // gradients a previous step kept (keep_gradients) must not accumulate
     try {
-        double loss_sum = 0;
+        at::Tensor loss_sum;  // read back once per step, not per micro-batch
         for (int64_t k = 0; k < options_.accumulation; ++k) {
             phase = "data";
             begin_phase();
@@ -196,12 +195,12 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             begin_phase();
             at::Tensor loss;
             {
-                model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype : at::kBFloat16, autocast);
+                model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
                 const at::Tensor prediction =
                     model_->forward(noised.noisy, mb.prompt_embeds, noised.timesteps, mb.prompt_mask);
                 loss = flow_matching_loss(prediction, noised.target);
             }
-            loss_sum += loss.item<double>();
+            loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
             mb = MicroBatch{};  // the inputs autograd does not hold go now
             end_phase(phase);
 
@@ -213,7 +212,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             if (fused_) fused_->disarm();
             end_phase(phase);
         }
-        result.loss = loss_sum / static_cast<double>(options_.accumulation);
+        result.loss = loss_sum.item<double>() / static_cast<double>(options_.accumulation);
 
         phase = "optimizer";
         begin_phase();
@@ -228,7 +227,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
         }
         end_phase(phase);
     } catch (const std::exception& e) {
-        if (is_oom(e)) out_of_memory(phase, e.what());
+        if (is_out_of_memory(e)) out_of_memory(phase, e.what());
         throw;
     }
     ++step_;

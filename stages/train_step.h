@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,6 +65,9 @@ struct PhasePeak {
     int64_t rss_bytes = 0;
 };
 
+// c10::OutOfMemoryError (a CUDA allocation, or the CPU byte budget) or sf::Error kOutOfMemory.
+bool is_out_of_memory(const std::exception& e);
+
 class TrainStep {
 public:
     // `trainable`: name -> parameter of `model` to update (all of them for full fine-tuning, the
@@ -103,6 +107,7 @@ private:
     LRSchedule schedule_;
     TrainStepOptions options_;
     c10::Device device_;
+    c10::ScalarType autocast_dtype_ = c10::kFloat;  // from options_.mixed_precision
     LossScaler scaler_;
     std::unique_ptr<FusedUpdate> fused_;
     int64_t step_ = 0;

@@ -7,6 +7,7 @@
 
 #include "core/memory.h"
 #include "model/gemma2.h"
+#include "model/lora.h"
 #include "model/sana_transformer.h"
 #include "stages/train_step.h"
 
@@ -35,9 +36,7 @@ int64_t cuda_step_peak(sf::TrainStepOptions o, int64_t grid) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
-    sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
+    sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
     const auto b = batch(grid);
     at::Generator gen = at::detail::createCPUGenerator(0);
     const int64_t micro = b.latents.size(0) / o.accumulation;
@@ -73,9 +72,7 @@ TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
         torch::manual_seed(1);
         SanaTransformer model(config());
         model->to(device);
-        std::vector<std::pair<std::string, at::Tensor>> params;
-        for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
-        sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 10), {}, device);
+        sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 10), {}, device);
         const auto b = batch(16);
         at::Generator gen = at::detail::createCPUGenerator(0);
         losses[i] = step.step([&](int64_t) { return b; }, gen).loss;

@@ -14,6 +14,8 @@
 
 namespace {
 
+using sf::test::error_of;
+
 using sf::model::Gemma2Config;
 using sf::model::Gemma2Model;
 
@@ -28,15 +30,6 @@ Gemma2Model golden_model() {
 
 bool have_golden() {
     return std::filesystem::exists(sf::test::golden_path("text_encoder/config.json"));
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const sf::Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 TEST(Gemma2Config, ReadsTheGoldenConfigJson) {

@@ -153,8 +153,9 @@ TEST(LoRA, TrainingMovesOnlyTheAdapters) {
     for (const auto& p : model->named_parameters()) {
         if (is_adapter(p.key())) adapters[p.key()] = p.value().detach().clone();
     }
-    torch::optim::AdamW adamw(sf::model::trainable_parameters(*model),
-                              torch::optim::AdamWOptions(1e-2));
+    std::vector<at::Tensor> trainable;
+    for (const auto& [name, p] : sf::model::trainable_parameters(*model)) trainable.push_back(p);
+    torch::optim::AdamW adamw(trainable, torch::optim::AdamWOptions(1e-2));
     const at::Tensor target = torch::randn_like(before);
     for (int step = 0; step < 3; ++step) {
         adamw.zero_grad();

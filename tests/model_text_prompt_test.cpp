@@ -12,6 +12,8 @@
 
 namespace {
 
+using sf::test::error_of;
+
 using sf::model::GemmaTokenizer;
 
 std::vector<std::string> toy_corpus() {
@@ -43,15 +45,6 @@ const std::string& toy_model_proto() {
 
 GemmaTokenizer toy_tokenizer() {
     return GemmaTokenizer::from_serialized(toy_model_proto(), "toy.model");
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const sf::Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 TEST(GemmaTokenizer, SpecialIdsAreGemmas) {

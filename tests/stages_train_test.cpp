@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "model/lora.h"
 #include "stages/flow_matching.h"
 #include "stages/optim.h"
 #include "stages/train_data.h"
@@ -22,11 +23,8 @@ namespace {
 using sf::model::SanaTransformer;
 using sf::model::SanaTransformerConfig;
 
-std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) {
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
-    return out;
-}
+// Every parameter of a model without adapters, by name.
+std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) { return sf::model::trainable_parameters(m); }
 
 SanaTransformerConfig small_config() {
     SanaTransformerConfig c = SanaTransformerConfig::named("sana-tiny");
@@ -54,9 +52,8 @@ sf::MicroBatch slice(const sf::MicroBatch& b, int64_t i) {
     return {b.latents.slice(0, i, i + 1), b.prompt_embeds.slice(0, i, i + 1), b.prompt_mask.slice(0, i, i + 1)};
 }
 
-sf::TrainStep make_step(SanaTransformer model, sf::TrainStepOptions o, double lr = 1e-3, bool all_params = true) {
+sf::TrainStep make_step(SanaTransformer model, sf::TrainStepOptions o, double lr = 1e-3) {
     auto params = named(*model);
-    (void)all_params;
     sf::AdamWOptions a;
     a.lr = lr;
     return sf::TrainStep(model, params, a, sf::LRSchedule("constant", lr, 0, 100), o, c10::Device(c10::kCPU));

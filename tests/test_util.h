@@ -8,11 +8,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "core/error.h"
+
 namespace sf::test {
+
+// The message of the sf::Error that `f` throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const sf::Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
 
 // A fresh folder under the system temp dir, removed with everything in it on destruction.
 class TempDir {

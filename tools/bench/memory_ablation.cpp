@@ -38,6 +38,7 @@
 #include "model/autoencoder_dc.h"
 #include "model/autoencoder_dc_config.h"
 #include "model/gemma2.h"
+#include "model/lora.h"
 #include "model/sana_transformer.h"
 #include "stages/device_options.h"
 #include "stages/train_step.h"
@@ -133,10 +134,8 @@ int run_one(const Args& a) {
         torch::manual_seed(0);
         sf::model::SanaTransformer model(config);
         model->to(device);
-        std::vector<std::pair<std::string, at::Tensor>> params;
-        for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
         const sf::TrainStepOptions o = options_for(a.variant, a.batch);
-        sf::TrainStep step(model, params, {}, sf::LRSchedule("constant", 1e-4, 0, 1), o, device);
+        sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 1), o, device);
         const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
         const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
         const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
@@ -172,9 +171,7 @@ int run_one(const Args& a) {
         std::printf("step_seconds=%.3f\n", seconds);
         return 0;
     } catch (const std::exception& e) {
-        const auto* error = dynamic_cast<const sf::Error*>(&e);
-        const bool oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
-                         (error != nullptr && error->code() == sf::ErrorCode::kOutOfMemory);
+        const bool oom = sf::is_out_of_memory(e);
         std::printf("does_not_fit=%d budget=%lld error=%s\n", oom ? 1 : 0, static_cast<long long>(budget), e.what());
         return oom ? 3 : 1;
     }
