@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "storage/cache.h"
+#include "storage/cache_schema.h"
 #include "storage/cache_reader.h"
 #include "storage/fingerprint.h"
 #include "storage/tensor_record.h"
@@ -44,7 +45,7 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
         reader.for_each([&](std::string_view key, std::string_view frame) {
             try {
                 auto record = storage::decode_record(frame, std::string(key));
-                if (auto t = record.metadata.find("tokens"); t != record.metadata.end()) {
+                if (auto t = record.metadata.find(storage::schema::kTokens); t != record.metadata.end()) {
                     const int64_t n = std::stoll(t->second);
                     int64_t bin = 1;
                     while (bin < n) bin *= 2;
@@ -55,7 +56,7 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
                     ++with_tokens;
                     return;
                 }
-                auto it = record.metadata.find(storage::record_meta::kBucket);
+                auto it = record.metadata.find(storage::schema::kBucket);
                 ++buckets[it == record.metadata.end() ? "(none)" : it->second];
             } catch (const std::exception&) {
                 ++buckets["(unreadable)"];

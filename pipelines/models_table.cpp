@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
-#include "model/autoencoder_dc_config.h"
-#include "model/gemma2.h"
-#include "model/sana_config.h"
+#include "model/dc_ae/autoencoder_dc_config.h"
+#include "model/gemma/gemma2.h"
+#include "model/sana/sana_config.h"
 
 namespace sf::pipelines {
 namespace {

@@ -2,7 +2,7 @@
 //   meta          format version and creation time
 //   fingerprints  stage name -> fingerprint JSON
 //   rejects       source -> {"source", "stage", "reason", "time"} JSON
-//   <record db>   one per record kind ("samples", "latents", "text"): content key -> record
+//   <record db>   one per record kind: content key -> record (the names: cache_schema.h)
 // A record is a safetensors buffer in one zstd frame with its checksum (tensor_record.h).
 // docs/cache-format.md describes the format for readers in other languages.
 //
@@ -29,16 +29,6 @@ constexpr int kCacheFormatVersion = 1;
 constexpr const char* kMetaDb = "meta";
 constexpr const char* kFingerprintsDb = "fingerprints";
 constexpr const char* kRejectsDb = "rejects";
-
-// Keys every stage puts in a record's __metadata__ (values are strings). Part of the format.
-namespace record_meta {
-constexpr const char* kSource = "source";            // source path or source key it came from
-constexpr const char* kBucket = "bucket";            // resolution bucket, "HxW"
-constexpr const char* kFrames = "frames";            // video frame window, "start:count"
-constexpr const char* kDType = "dtype";              // dtype the stage computed in
-constexpr const char* kStage = "stage";              // stage that wrote the record
-constexpr const char* kFingerprint = "fingerprint";  // fingerprint_hash() of that stage
-}  // namespace record_meta
 
 struct CacheOptions {
     bool create = true;  // make the directory and env when missing

@@ -6,10 +6,10 @@
 #include <torch/torch.h>
 
 #include "core/memory.h"
-#include "model/gemma2.h"
-#include "model/lora.h"
-#include "model/sana_transformer.h"
-#include "stages/train_step.h"
+#include "model/gemma/gemma2.h"
+#include "model/common/lora.h"
+#include "model/sana/sana_transformer.h"
+#include "stages/train/train_step.h"
 
 namespace {
 
@@ -26,22 +26,22 @@ SanaTransformerConfig config() {
     return c;
 }
 
-sf::MicroBatch batch(int64_t grid) {
+sf::train::MicroBatch batch(int64_t grid) {
     torch::manual_seed(5);
     return {torch::randn({2, 32, grid, grid}), torch::randn({2, 40, 64}), torch::ones({2, 40}, torch::kLong)};
 }
 
 // Peak CUDA bytes of one step with `o`, after a first step has made the optimizer state.
-int64_t cuda_step_peak(sf::TrainStepOptions o, int64_t grid) {
+int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
-    sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
+    sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
     const auto b = batch(grid);
     at::Generator gen = at::detail::createCPUGenerator(0);
     const int64_t micro = b.latents.size(0) / o.accumulation;
     auto load = [&](int64_t k) {
-        return sf::MicroBatch{b.latents.slice(0, k * micro, (k + 1) * micro), b.prompt_embeds.slice(0, k * micro, (k + 1) * micro),
+        return sf::train::MicroBatch{b.latents.slice(0, k * micro, (k + 1) * micro), b.prompt_embeds.slice(0, k * micro, (k + 1) * micro),
                               b.prompt_mask.slice(0, k * micro, (k + 1) * micro)};
     };
     step.step(load, gen);
@@ -72,7 +72,7 @@ TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
         torch::manual_seed(1);
         SanaTransformer model(config());
         model->to(device);
-        sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 10), {}, device);
+        sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
         const auto b = batch(16);
         at::Generator gen = at::detail::createCPUGenerator(0);
         losses[i] = step.step([&](int64_t) { return b; }, gen).loss;
@@ -82,15 +82,15 @@ TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
 
 TEST(GpuTrain, RemediesLowerTheCudaPeak) {
     SKIP_WITHOUT_CUDA();
-    sf::TrainStepOptions plain;
+    sf::train::TrainStepOptions plain;
     const int64_t base = cuda_step_peak(plain, 64);
-    sf::TrainStepOptions ckpt;
+    sf::train::TrainStepOptions ckpt;
     ckpt.gradient_checkpointing = 1;
     EXPECT_LT(cuda_step_peak(ckpt, 64), 0.7 * base);
-    sf::TrainStepOptions bf16;
+    sf::train::TrainStepOptions bf16;
     bf16.mixed_precision = "bf16";
     EXPECT_LT(cuda_step_peak(bf16, 64), base);
-    sf::TrainStepOptions accum;
+    sf::train::TrainStepOptions accum;
     accum.accumulation = 2;
     EXPECT_LT(cuda_step_peak(accum, 64), 0.8 * base);
 }

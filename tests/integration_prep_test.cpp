@@ -13,11 +13,11 @@
 
 #include "core/error.h"
 #include "pipelines/inspect.h"
-#include "pipelines/prep.h"
+#include "pipelines/prep/prep.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_writer.h"
-#include "model/autoencoder_dc_config.h"
+#include "model/dc_ae/autoencoder_dc_config.h"
 #include "storage/tensor_record.h"
 #include "integration_util.h"
 #include "test_util.h"

@@ -13,8 +13,8 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "integration_util.h"
-#include "pipelines/prep.h"
-#include "pipelines/train.h"
+#include "pipelines/prep/prep.h"
+#include "pipelines/train/train.h"
 #include "storage/safetensors_file.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
 #include <opencv2/imgproc.hpp>
 #include <string>
 
-#include "pipelines/prep.h"
+#include "pipelines/prep/prep.h"
 #include "test_util.h"
 
 namespace sf::test {

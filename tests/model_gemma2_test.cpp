@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/gemma2.h"
-#include "model/weights.h"
+#include "model/gemma/gemma2.h"
+#include "model/common/weights.h"
 #include "model_golden_util.h"
 #include "test_util.h"
 

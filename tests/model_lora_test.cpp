@@ -11,9 +11,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/lora.h"
-#include "model/sana_config.h"
-#include "model/sana_transformer.h"
+#include "model/common/lora.h"
+#include "model/sana/sana_config.h"
+#include "model/sana/sana_transformer.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 #include "test_util.h"

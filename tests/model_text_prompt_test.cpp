@@ -5,9 +5,9 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "model/gemma2.h"
-#include "model/text_prompt.h"
-#include "model/tokenizer.h"
+#include "model/gemma/gemma2.h"
+#include "model/gemma/text_prompt.h"
+#include "model/gemma/tokenizer.h"
 #include "test_util.h"
 
 namespace {

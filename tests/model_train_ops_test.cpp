@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "model/autocast.h"
-#include "model/checkpoint.h"
-#include "model/chunked_attention.h"
-#include "model/sana_transformer.h"
+#include "model/common/autocast.h"
+#include "model/common/checkpoint.h"
+#include "model/common/chunked_attention.h"
+#include "model/sana/sana_transformer.h"
 #include "model_golden_util.h"
 
 namespace {

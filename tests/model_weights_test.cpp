@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "model/weights.h"
+#include "model/common/weights.h"
 #include "test_util.h"
 
 namespace {

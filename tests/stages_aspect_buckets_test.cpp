@@ -6,9 +6,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "stages/aspect_buckets.h"
+#include "stages/image/aspect_buckets.h"
 
-namespace sf {
+namespace sf::stages {
 namespace {
 
 TEST(AspectBuckets, TablesHaveDiffusersShape) {
@@ -144,4 +144,4 @@ TEST(AspectBuckets, UnknownResolutionIsAnInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace sf
+}  // namespace sf::stages

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "core/error.h"
-#include "stages/dataset.h"
+#include "stages/image/dataset.h"
 #include "tests/stages_test_util.h"
 
-namespace sf {
+namespace sf::stages {
 namespace {
 
 using test::write_file;
@@ -215,4 +215,4 @@ TEST(Dataset, CaptionBytes) {
 }
 
 }  // namespace
-}  // namespace sf
+}  // namespace sf::stages

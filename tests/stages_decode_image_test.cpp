@@ -15,11 +15,11 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "stages/aspect_buckets.h"
-#include "stages/decode_image.h"
+#include "stages/image/aspect_buckets.h"
+#include "stages/image/decode_image.h"
 #include "tests/stages_test_util.h"
 
-namespace sf {
+namespace sf::stages {
 namespace {
 
 std::string encode(const std::string& ext, const cv::Mat& image, std::vector<int> params = {}) {
@@ -459,6 +459,6 @@ TEST(DecodeImage, FingerprintFollowsWhatChangesTheOutput) {
 }
 
 }  // namespace
-}  // namespace sf
+}  // namespace sf::stages
 
 #endif  // SANAFLOW_WITH_MEDIA

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/image_header.h"
+#include "stages/image/image_header.h"
 #include "tests/stages_test_util.h"
 
 #if defined(SANAFLOW_WITH_MEDIA)
@@ -14,7 +14,7 @@
 #include <opencv2/imgcodecs.hpp>
 #endif
 
-namespace sf {
+namespace sf::stages {
 namespace {
 
 ImageHeader read(const std::string& bytes) {
@@ -204,4 +204,4 @@ TEST(ImageHeader, FuzzedInputsNeverCrash) {
 #endif  // SANAFLOW_WITH_MEDIA
 
 }  // namespace
-}  // namespace sf
+}  // namespace sf::stages

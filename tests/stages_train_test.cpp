@@ -10,12 +10,12 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "model/lora.h"
-#include "stages/flow_matching.h"
-#include "stages/optim.h"
-#include "stages/train_data.h"
-#include "stages/train_state.h"
-#include "stages/train_step.h"
+#include "model/common/lora.h"
+#include "stages/train/flow_matching.h"
+#include "stages/train/optim.h"
+#include "stages/train/train_data.h"
+#include "stages/train/train_state.h"
+#include "stages/train/train_step.h"
 #include "test_util.h"
 
 namespace {
@@ -38,9 +38,9 @@ SanaTransformer seeded_model(uint64_t seed = 3) {
 }
 
 // Two samples of 8x8 latents with 5- and 3-token captions.
-sf::MicroBatch sample_batch(int64_t n = 2) {
+sf::train::MicroBatch sample_batch(int64_t n = 2) {
     torch::manual_seed(11);
-    sf::MicroBatch b;
+    sf::train::MicroBatch b;
     b.latents = torch::randn({n, 32, 8, 8});
     b.prompt_embeds = torch::randn({n, 5, 16});
     b.prompt_mask = torch::ones({n, 5}, torch::kLong);
@@ -48,15 +48,15 @@ sf::MicroBatch sample_batch(int64_t n = 2) {
     return b;
 }
 
-sf::MicroBatch slice(const sf::MicroBatch& b, int64_t i) {
+sf::train::MicroBatch slice(const sf::train::MicroBatch& b, int64_t i) {
     return {b.latents.slice(0, i, i + 1), b.prompt_embeds.slice(0, i, i + 1), b.prompt_mask.slice(0, i, i + 1)};
 }
 
-sf::TrainStep make_step(SanaTransformer model, sf::TrainStepOptions o, double lr = 1e-3) {
+sf::train::TrainStep make_step(SanaTransformer model, sf::train::TrainStepOptions o, double lr = 1e-3) {
     auto params = named(*model);
-    sf::AdamWOptions a;
+    sf::train::AdamWOptions a;
     a.lr = lr;
-    return sf::TrainStep(model, params, a, sf::LRSchedule("constant", lr, 0, 100), o, c10::Device(c10::kCPU));
+    return sf::train::TrainStep(model, params, a, sf::train::LRSchedule("constant", lr, 0, 100), o, c10::Device(c10::kCPU));
 }
 
 TEST(AdamW, MatchesTorchOptimBitForBit) {
@@ -65,10 +65,10 @@ TEST(AdamW, MatchesTorchOptimBitForBit) {
     auto b = torch::randn({5}, torch::requires_grad());
     auto a2 = a.detach().clone().requires_grad_(true);
     auto b2 = b.detach().clone().requires_grad_(true);
-    sf::AdamWOptions o;
+    sf::train::AdamWOptions o;
     o.lr = 1e-2;
     o.weight_decay = 0.05;
-    sf::AdamW ours({{"a", a}, {"b", b}}, o);
+    sf::train::AdamW ours({{"a", a}, {"b", b}}, o);
     torch::optim::AdamW theirs({a2, b2}, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
     for (int step = 0; step < 4; ++step) {
         auto x = torch::randn({3, 7});
@@ -85,13 +85,13 @@ TEST(AdamW, MatchesTorchOptimBitForBit) {
 
 TEST(AdamW, StateRoundTripsAndRefusesWrongShapes) {
     auto a = torch::ones({3}, torch::requires_grad());
-    sf::AdamW opt({{"a", a}}, {});
+    sf::train::AdamW opt({{"a", a}}, {});
     a.mutable_grad() = torch::full({3}, 0.5);
     opt.step(0.1);
     auto state = opt.state();
     EXPECT_EQ(state.at("a.step").item<int64_t>(), 1);
     auto a2 = a.detach().clone().requires_grad_(true);
-    sf::AdamW opt2({{"a", a2}}, {});
+    sf::train::AdamW opt2({{"a", a2}}, {});
     opt2.load_state(state);
     a.mutable_grad() = torch::full({3}, -0.25);
     a2.mutable_grad() = torch::full({3}, -0.25);
@@ -103,18 +103,18 @@ TEST(AdamW, StateRoundTripsAndRefusesWrongShapes) {
 }
 
 TEST(LRSchedule, FollowsDiffusersShapes) {
-    EXPECT_DOUBLE_EQ(sf::LRSchedule("constant", 1.0, 10, 100).at(0), 1.0);
-    sf::LRSchedule warm("constant_with_warmup", 2.0, 4, 100);
+    EXPECT_DOUBLE_EQ(sf::train::LRSchedule("constant", 1.0, 10, 100).at(0), 1.0);
+    sf::train::LRSchedule warm("constant_with_warmup", 2.0, 4, 100);
     EXPECT_DOUBLE_EQ(warm.at(0), 0.0);
     EXPECT_DOUBLE_EQ(warm.at(2), 1.0);
     EXPECT_DOUBLE_EQ(warm.at(50), 2.0);
-    sf::LRSchedule cosine("cosine", 1.0, 10, 110);
+    sf::train::LRSchedule cosine("cosine", 1.0, 10, 110);
     EXPECT_DOUBLE_EQ(cosine.at(10), 1.0);
     EXPECT_NEAR(cosine.at(60), 0.5, 1e-12);
     EXPECT_NEAR(cosine.at(110), 0.0, 1e-12);
-    EXPECT_NEAR(sf::LRSchedule("linear", 1.0, 0, 100).at(25), 0.75, 1e-12);
+    EXPECT_NEAR(sf::train::LRSchedule("linear", 1.0, 0, 100).at(25), 0.75, 1e-12);
     try {
-        sf::LRSchedule("cosine_with_restarts", 1.0, 0, 10);
+        sf::train::LRSchedule("cosine_with_restarts", 1.0, 0, 10);
         FAIL();
     } catch (const sf::Error& e) {
         EXPECT_NE(std::string(e.what()).find("--lr_scheduler"), std::string::npos);
@@ -126,18 +126,18 @@ TEST(ClipGradNorm, ScalesToTheGlobalNorm) {
     auto b = torch::zeros({1}, torch::requires_grad());
     a.mutable_grad() = torch::tensor({3.0f, 0.0f});
     b.mutable_grad() = torch::tensor({4.0f});
-    EXPECT_NEAR(sf::clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
+    EXPECT_NEAR(sf::train::clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
     EXPECT_NEAR(a.grad()[0].item<float>(), 0.6f, 1e-5);
     EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
-    EXPECT_NEAR(sf::clip_grad_norm({a, b}, 10.0), 1.0, 1e-5);  // under the limit: unchanged
+    EXPECT_NEAR(sf::train::clip_grad_norm({a, b}, 10.0), 1.0, 1e-5);  // under the limit: unchanged
     EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
 }
 
 TEST(LossScaler, SkipsOnInfBacksOffAndGrows) {
-    sf::LossScalerOptions o;
+    sf::train::LossScalerOptions o;
     o.init_scale = 1024;
     o.growth_interval = 2;
-    sf::LossScaler scaler(true, o);
+    sf::train::LossScaler scaler(true, o);
     auto p = torch::zeros({2}, torch::requires_grad());
     p.mutable_grad() = torch::tensor({2048.0f, std::numeric_limits<float>::infinity()});
     EXPECT_FALSE(scaler.unscale({p}));
@@ -150,7 +150,7 @@ TEST(LossScaler, SkipsOnInfBacksOffAndGrows) {
     scaler.update(false);
     scaler.update(false);
     EXPECT_EQ(scaler.scale(), 1024);  // grown after growth_interval clean steps
-    sf::LossScaler restored(true, o);
+    sf::train::LossScaler restored(true, o);
     restored.load_state(scaler.state());
     EXPECT_EQ(restored.scale(), 1024);
     EXPECT_EQ(restored.skipped_steps(), 1);
@@ -158,11 +158,11 @@ TEST(LossScaler, SkipsOnInfBacksOffAndGrows) {
 
 TEST(FlowMatching, BatchDrawsWhatItsSamplesDrawOneByOne) {
     const auto latents = torch::randn({3, 4, 2, 2});
-    sf::FlowMatchingConfig c;
+    sf::train::FlowMatchingConfig c;
     at::Generator g1 = at::detail::createCPUGenerator(5), g2 = at::detail::createCPUGenerator(5);
-    const auto whole = sf::flow_matching_noise(latents, c, g1);
+    const auto whole = sf::train::flow_matching_noise(latents, c, g1);
     for (int64_t i = 0; i < 3; ++i) {
-        const auto one = sf::flow_matching_noise(latents.slice(0, i, i + 1), c, g2);
+        const auto one = sf::train::flow_matching_noise(latents.slice(0, i, i + 1), c, g2);
         EXPECT_TRUE(torch::equal(one.noisy[0], whole.noisy[i]));
         EXPECT_TRUE(torch::equal(one.timesteps[0], whole.timesteps[i]));
     }
@@ -174,12 +174,14 @@ TEST(FlowMatching, BatchDrawsWhatItsSamplesDrawOneByOne) {
     EXPECT_TRUE(torch::allclose(whole.timesteps, whole.sigmas * 1000));
     EXPECT_TRUE((whole.sigmas > 0).all().item<bool>() && (whole.sigmas <= 1).all().item<bool>());
     c.flow_shift = 0;
-    EXPECT_THROW(sf::check_flow_matching(c), sf::Error);
+    EXPECT_THROW(sf::train::check_flow_matching(c), sf::Error);
 }
 
 TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
-    std::map<std::string, std::vector<int64_t>> buckets = {{"a", {0, 1, 2, 3, 4}}, {"b", {5, 6, 7}}};
-    sf::BucketSampler sampler(buckets, 2, 9);
+    using sf::train::Bucket;
+    std::map<Bucket, std::vector<int64_t>> buckets = {{Bucket{1, 512, 512}, {0, 1, 2, 3, 4}},
+                                                      {Bucket{21, 480, 832}, {5, 6, 7}}};
+    sf::train::BucketSampler sampler(buckets, 2, 9);
     EXPECT_EQ(sampler.batches_per_epoch(), 5);  // 3 + 2
     for (int epoch = 0; epoch < 2; ++epoch) {
         std::multiset<int64_t> seen;
@@ -194,7 +196,7 @@ TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
         EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
     }
     // A position restores the sequence exactly; another seed gives another order.
-    sf::BucketSampler a(buckets, 2, 9), b(buckets, 2, 9), c(buckets, 2, 10);
+    sf::train::BucketSampler a(buckets, 2, 9), b(buckets, 2, 9), c(buckets, 2, 10);
     for (int i = 0; i < 7; ++i) a.next();
     b.seek(a.position());
     std::vector<std::vector<int64_t>> from_a, from_b, from_c;
@@ -203,7 +205,7 @@ TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
         from_b.push_back(b.next());
     }
     EXPECT_EQ(from_a, from_b);
-    sf::BucketSampler a0(buckets, 2, 9);
+    sf::train::BucketSampler a0(buckets, 2, 9);
     std::vector<std::vector<int64_t>> first_a, first_c;
     for (int i = 0; i < 5; ++i) {
         first_a.push_back(a0.next());
@@ -214,7 +216,7 @@ TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
 
 TEST(TrainState, CheckpointsRoundTripAndKeepTheNewest) {
     sf::test::TempDir tmp("sf_train_state");
-    sf::TrainState s;
+    sf::train::TrainState s;
     s.step = 3;
     s.sampler_epoch = 1;
     s.sampler_batch = 2;
@@ -225,34 +227,34 @@ TEST(TrainState, CheckpointsRoundTripAndKeepTheNewest) {
     s.rng = {{"default", at::detail::getDefaultCPUGenerator().get_state()}};
     s.losses = {0.5, 0.25, 0.125000000001};
     const std::string out = tmp.file("out");
-    sf::save_checkpoint(out, s, 2);
+    sf::train::save_checkpoint(out, s, 2);
     s.step = 6;
-    sf::save_checkpoint(out, s, 2);
+    sf::train::save_checkpoint(out, s, 2);
     s.step = 9;
-    const std::string last = sf::save_checkpoint(out, s, 2);
+    const std::string last = sf::train::save_checkpoint(out, s, 2);
     EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-3"));  // beyond the limit of 2
     EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-6"));
     // A directory without state.json (a crash mid-save) is not a checkpoint.
     std::filesystem::create_directories(out + "/checkpoint-12");
-    ASSERT_EQ(sf::latest_checkpoint(out), last);
+    ASSERT_EQ(sf::train::latest_checkpoint(out), last);
 
-    const sf::TrainState r = sf::load_checkpoint(last);
+    const sf::train::TrainState r = sf::train::load_checkpoint(last);
     EXPECT_EQ(r.step, 9);
     EXPECT_EQ(r.sampler_batch, 2);
     EXPECT_EQ(r.losses, s.losses);  // exact doubles
     EXPECT_TRUE(torch::equal(r.trainable.at(0).second, s.trainable.at(0).second));
     EXPECT_EQ(r.optimizer.at("w.step").item<int64_t>(), 3);
     EXPECT_TRUE(torch::equal(r.rng.at("default"), s.rng.at("default")));
-    EXPECT_EQ(sf::settings_diff(r.settings, {{"rank", "8"}}), std::vector<std::string>{"rank: 4 -> 8"});
+    EXPECT_EQ(sf::train::settings_diff(r.settings, {{"rank", "8"}}), std::vector<std::string>{"rank: 4 -> 8"});
 }
 
 TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
-    sf::TrainStepOptions whole_o, micro_o;
+    sf::train::TrainStepOptions whole_o, micro_o;
     whole_o.keep_gradients = micro_o.keep_gradients = true;
     micro_o.accumulation = 2;
     auto whole = make_step(seeded_model(), whole_o, 0.0);
     auto micro = make_step(seeded_model(), micro_o, 0.0);
-    const sf::MicroBatch batch = sample_batch(2);
+    const sf::train::MicroBatch batch = sample_batch(2);
     at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
     const auto r1 = whole.step([&](int64_t) { return batch; }, g1);
     const auto r2 = micro.step([&](int64_t k) { return slice(batch, k); }, g2);
@@ -266,11 +268,11 @@ TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
 }
 
 TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
-    sf::TrainStepOptions plain_o, fused_o;
+    sf::train::TrainStepOptions plain_o, fused_o;
     fused_o.fused_backward = true;
     auto plain = make_step(seeded_model(), plain_o);
     auto fused = make_step(seeded_model(), fused_o);
-    const sf::MicroBatch batch = sample_batch(2);
+    const sf::train::MicroBatch batch = sample_batch(2);
     at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
     for (int i = 0; i < 3; ++i) {
         plain.step([&](int64_t) { return batch; }, g1);
@@ -296,19 +298,19 @@ TEST(TrainStep, FusedBackwardPassNeverHoldsAllGradients) {
     torch::manual_seed(1);
     auto plain = make_step(SanaTransformer(c), {});
     torch::manual_seed(1);
-    sf::TrainStepOptions fo;
+    sf::train::TrainStepOptions fo;
     fo.fused_backward = true;
     auto fused = make_step(SanaTransformer(c), fo);
     int64_t param_bytes = 0;
     for (auto& p : plain.model()->parameters()) param_bytes += p.numel() * 4;
-    sf::MicroBatch b = sample_batch(1);
+    sf::train::MicroBatch b = sample_batch(1);
     b.latents = b.latents.slice(2, 0, 2).slice(3, 0, 2).contiguous();
     at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
     for (int i = 0; i < 2; ++i) {  // the second step has the optimizer state already
         plain.step([&](int64_t) { return b; }, g1);
         fused.step([&](int64_t) { return b; }, g2);
     }
-    auto peak = [](const sf::TrainStep& s) {
+    auto peak = [](const sf::train::TrainStep& s) {
         return std::max(s.phase_peaks().at("backward").tensor_bytes, s.phase_peaks().at("optimizer").tensor_bytes);
     };
     // The plain step holds weights, two moments and a full set of gradients at once; the fused one
@@ -317,7 +319,7 @@ TEST(TrainStep, FusedBackwardPassNeverHoldsAllGradients) {
 }
 
 TEST(TrainStep, LossScalerSkipsAStepWithAnInfiniteGradient) {
-    sf::TrainStepOptions o;
+    sf::train::TrainStepOptions o;
     o.loss_scaling = true;
     auto step = make_step(seeded_model(), o);
     auto params = named(*step.model());
@@ -329,7 +331,7 @@ TEST(TrainStep, LossScalerSkipsAStepWithAnInfiniteGradient) {
         return inject ? torch::full_like(g, std::numeric_limits<float>::infinity()) : g;
     });
     at::Generator gen = at::detail::createCPUGenerator(1);
-    const sf::MicroBatch batch = sample_batch(2);
+    const sf::train::MicroBatch batch = sample_batch(2);
     const double scale = step.scaler().scale();
     auto r = step.step([&](int64_t) { return batch; }, gen);
     EXPECT_TRUE(r.skipped);
@@ -343,7 +345,7 @@ TEST(TrainStep, LossScalerSkipsAStepWithAnInfiniteGradient) {
 }
 
 TEST(TrainStep, RefusesFusedBackwardWithGlobalClippingOrLossScaling) {
-    sf::TrainStepOptions o;
+    sf::train::TrainStepOptions o;
     o.fused_backward = true;
     o.max_grad_norm = 1.0;
     try {
@@ -360,7 +362,7 @@ TEST(TrainStep, RefusesFusedBackwardWithGlobalClippingOrLossScaling) {
 TEST(TrainStep, OutOfMemoryNamesThePhaseAndTheFlags) {
     auto step = make_step(seeded_model(), {});
     at::Generator gen = at::detail::createCPUGenerator(1);
-    sf::MicroBatch batch = sample_batch(2);
+    sf::train::MicroBatch batch = sample_batch(2);
     try {
         // Set once the batch is loaded: room for the noise, far less than a forward needs.
         step.step(

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "storage/cache.h"
+#include "storage/cache_schema.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_writer.h"
 #include "storage/content_key.h"
@@ -24,7 +25,7 @@ std::string key_of(int i) {
 Record record_of(int i) {
     Record r;
     r.tensors["latent"] = pattern_tensor(DType::kBF16, {4, 16, 16}, static_cast<uint32_t>(i));
-    r.metadata[record_meta::kSource] = "sample-" + std::to_string(i);
+    r.metadata[schema::kSource] = "sample-" + std::to_string(i);
     return r;
 }
 

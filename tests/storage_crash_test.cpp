@@ -16,6 +16,7 @@
 
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
+#include "storage/cache_schema.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_writer.h"
 #include "storage/content_key.h"
@@ -41,7 +42,7 @@ std::string crash_key(int i) {
 Record crash_record(int i) {
     Record r;
     r.tensors["latent"] = pattern_tensor(DType::kF32, {16, 16, 16}, static_cast<uint32_t>(i));
-    r.metadata[record_meta::kSource] = "clip-" + std::to_string(i);
+    r.metadata[schema::kSource] = "clip-" + std::to_string(i);
     return r;
 }
 

@@ -15,8 +15,8 @@
 #include "core/threads.h"
 #include "pipelines/inspect.h"
 #include "pipelines/models_table.h"
-#include "pipelines/prep.h"
-#include "pipelines/train.h"
+#include "pipelines/prep/prep.h"
+#include "pipelines/train/train.h"
 #include "tools/yaml_config.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"

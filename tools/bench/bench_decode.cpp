@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "stages/decode_image.h"
+#include "stages/image/decode_image.h"
 
 namespace {
 
@@ -62,14 +62,14 @@ std::string make_jpeg(Size size, int seed) {
 // Runs `count` decodes of `files` (cycled) on `workers` threads; returns images per second.
 // `recycle`: each worker hands its previous output tensor back as the next one's memory, as a
 // graph's token pool would; otherwise every output is a fresh allocation.
-double throughput(const sf::DecodeImageStage& stage, const std::vector<std::string>& files,
+double throughput(const sf::stages::DecodeImageStage& stage, const std::vector<std::string>& files,
                   int count, int workers, bool recycle) {
     std::atomic<int> next{0};
     std::atomic<int64_t> checksum{0};  // keeps the work observable
     auto work = [&] {
         at::Tensor buffer;
         for (int i = next++; i < count; i = next++) {
-            const sf::DecodedImage d = stage.run_bytes(files[i % files.size()], "bench.jpg",
+            const sf::stages::DecodedImage d = stage.run_bytes(files[i % files.size()], "bench.jpg",
                                                        recycle ? buffer : at::Tensor());
             checksum += d.bucket_h;
             if (recycle) buffer = d.pixels;
@@ -99,9 +99,9 @@ int main(int argc, char** argv) {
     cv::setNumThreads(0);
     at::set_num_threads(1);
 
-    sf::DecodeImageConfig config;
+    sf::stages::DecodeImageConfig config;
     config.resolution = resolution;
-    const sf::DecodeImageStage stage(config);
+    const sf::stages::DecodeImageStage stage(config);
     const std::vector<Size> sizes = {{480, 640}, {1080, 1920}, {2000, 3000}, {3024, 4032}};
     std::printf("decode_image throughput, resolution %d, JPEG quality 90, %u hardware threads\n",
                 resolution, std::thread::hardware_concurrency());
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     for (const Size& size : sizes) {
         std::vector<std::string> files;
         for (int seed = 0; seed < 4; ++seed) files.push_back(make_jpeg(size, seed));
-        const sf::DecodedImage sample = stage.run_bytes(files[0], "warm-up");
+        const sf::stages::DecodedImage sample = stage.run_bytes(files[0], "warm-up");
         // Calibrate the count so each measurement takes about `seconds` on one worker.
         const auto start = Clock::now();
         for (const std::string& f : files) stage.run_bytes(f, "calibrate");

@@ -20,9 +20,9 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/threads.h"
-#include "pipelines/prep.h"
-#include "stages/decode_image.h"
-#include "stages/encode_vae.h"
+#include "pipelines/prep/prep.h"
+#include "stages/image/decode_image.h"
+#include "stages/encode/encode_vae.h"
 
 namespace fs = std::filesystem;
 
@@ -100,25 +100,25 @@ int main(int argc, char** argv) {
     sf::pipelines::run_prep(o);
     const double without_vae_s = now_seconds() - t;
 
-    sf::DecodeImageConfig dc;
+    sf::stages::DecodeImageConfig dc;
     dc.resolution = o.resolution;
     dc.min_side = o.min_side;
     dc.output_uint8 = true;
-    const sf::DecodeImageStage decoder(dc);
-    std::vector<sf::DecodedImage> decoded;
+    const sf::stages::DecodeImageStage decoder(dc);
+    std::vector<sf::stages::DecodedImage> decoded;
     for (int i = 0; i < images; ++i) {
         decoded.push_back(decoder.run((root / "data" / ("img_" + std::to_string(i) + ".jpg")).string()));
     }
     // Grouped by bucket, as the pipeline orders its work, so both halves encode the same batches.
-    std::stable_sort(decoded.begin(), decoded.end(), [](const sf::DecodedImage& a, const sf::DecodedImage& b) {
+    std::stable_sort(decoded.begin(), decoded.end(), [](const sf::stages::DecodedImage& a, const sf::stages::DecodedImage& b) {
         return std::make_pair(a.bucket_h, a.bucket_w) < std::make_pair(b.bucket_h, b.bucket_w);
     });
-    sf::EncodeVAEConfig vc;
+    sf::stages::EncodeVAEConfig vc;
     vc.model = {"", "dc-ae-tiny", o.seed};
     vc.device = "cpu";
     t = now_seconds();
     {
-        auto vae = sf::EncodeVAEStage(vc).open();
+        auto vae = sf::stages::EncodeVAEStage(vc).open();
         // Batches of one bucket, as the pipeline makes them.
         for (size_t i = 0; i < decoded.size();) {
             std::vector<at::Tensor> batch;

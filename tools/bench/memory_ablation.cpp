@@ -35,13 +35,13 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/threads.h"
-#include "model/autoencoder_dc.h"
-#include "model/autoencoder_dc_config.h"
-#include "model/gemma2.h"
-#include "model/lora.h"
-#include "model/sana_transformer.h"
-#include "stages/device_options.h"
-#include "stages/train_step.h"
+#include "model/dc_ae/autoencoder_dc.h"
+#include "model/dc_ae/autoencoder_dc_config.h"
+#include "model/gemma/gemma2.h"
+#include "model/common/lora.h"
+#include "model/sana/sana_transformer.h"
+#include "core/device_options.h"
+#include "stages/train/train_step.h"
 
 namespace {
 
@@ -84,8 +84,8 @@ int64_t mem_available() {
     return int64_t{8} << 30;
 }
 
-sf::TrainStepOptions options_for(const std::string& v, int64_t batch) {
-    sf::TrainStepOptions o;
+sf::train::TrainStepOptions options_for(const std::string& v, int64_t batch) {
+    sf::train::TrainStepOptions o;
     o.mark_steps = 0;
     const bool all = v == "all";
     if (all || v == "mixed_precision") o.mixed_precision = "bf16";
@@ -134,8 +134,8 @@ int run_one(const Args& a) {
         torch::manual_seed(0);
         sf::model::SanaTransformer model(config);
         model->to(device);
-        const sf::TrainStepOptions o = options_for(a.variant, a.batch);
-        sf::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::LRSchedule("constant", 1e-4, 0, 1), o, device);
+        const sf::train::TrainStepOptions o = options_for(a.variant, a.batch);
+        sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
         const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
         const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
         const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
@@ -152,7 +152,7 @@ int run_one(const Args& a) {
         }
         const auto r = step.step(
             [&](int64_t k) {
-                return sf::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
+                return sf::train::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
                                       captions.slice(0, k * micro, (k + 1) * micro),
                                       mask.slice(0, k * micro, (k + 1) * micro)};
             },
@@ -171,7 +171,7 @@ int run_one(const Args& a) {
         std::printf("step_seconds=%.3f\n", seconds);
         return 0;
     } catch (const std::exception& e) {
-        const bool oom = sf::is_out_of_memory(e);
+        const bool oom = sf::train::is_out_of_memory(e);
         std::printf("does_not_fit=%d budget=%lld error=%s\n", oom ? 1 : 0, static_cast<long long>(budget), e.what());
         return oom ? 3 : 1;
     }

@@ -1,0 +1,263 @@
+// Numerics follow diffusers v0.33.1 operation by operation (dtype casts included), so that fp32
+// results match upstream to rounding: the golden tests hold them to rel 1e-4.
+#include "model/sana/sana_blocks.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "core/torch_compat.h"
+#include "model/common/lora.h"
+
+namespace sf::model {
+namespace {
+
+namespace nn = torch::nn;
+
+// Upstream's output projection is to_out = [Linear, Dropout]; the ModuleList names them "0", "1".
+nn::ModuleList make_to_out(int64_t in, int64_t out, double dropout, nn::Linear& proj,
+                           nn::Dropout& drop) {
+    proj = nn::Linear(nn::LinearOptions(in, out).bias(true));
+    drop = nn::Dropout(nn::DropoutOptions(dropout));
+    nn::ModuleList list;
+    list->push_back(proj);
+    list->push_back(drop);
+    return list;
+}
+
+// The half of get_2d_sincos_pos_embed_from_grid for one axis: [M] positions -> [M, dim], sin
+// then cos. The positions arrive in fp32 as upstream makes them; the frequencies and the products
+// are fp64 there (numpy / torch.float64), and only the result is cast to fp32.
+at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
+    const auto f64 = pos.options().dtype(at::kDouble);
+    at::Tensor omega = at::arange(dim / 2, f64) / (static_cast<double>(dim) / 2.0);
+    omega = 1.0 / at::pow(10000.0, omega);                         // [dim / 2]
+    const at::Tensor out = at::outer(pos.to(at::kDouble), omega);  // [M, dim / 2]
+    return at::cat({at::sin(out), at::cos(out)}, 1);               // [M, dim]
+}
+
+}  // namespace
+
+at::Tensor sana_timestep_features(const at::Tensor& timestep, int64_t dim) {
+    const int64_t half = dim / 2;
+    // exp(-ln(10000) * i / half): fp32 throughout, as upstream.
+    at::Tensor exponent =
+        at::arange(half, timestep.options().dtype(at::kFloat)) * (-std::log(10000.0));
+    exponent = exponent / static_cast<double>(half);
+    const at::Tensor freqs = at::exp(exponent);
+    const at::Tensor args = timestep.unsqueeze(1).to(at::kFloat) * freqs.unsqueeze(0);  // [B, half]
+    // sin, cos concatenated, then flipped to cos, sin (flip_sin_to_cos=True).
+    at::Tensor emb = at::cat({at::cos(args), at::sin(args)}, -1);  // [B, 2 * half]
+    if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0}, 0.0);
+    return emb;
+}
+
+at::Tensor sana_sincos_pos_embed(int64_t dim, int64_t height, int64_t width, int64_t base_size,
+                                 double interpolation_scale, const at::Device& device) {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    // arange / (size / base_size) / interpolation_scale, each step in fp32 as upstream.
+    const at::Tensor grid_h = at::arange(height, f32) /
+                              (static_cast<double>(height) / static_cast<double>(base_size)) /
+                              interpolation_scale;
+    const at::Tensor grid_w = at::arange(width, f32) /
+                              (static_cast<double>(width) / static_cast<double>(base_size)) /
+                              interpolation_scale;
+    // Token n = i * width + j sits at column grid_w[j], row grid_h[i].
+    const at::Tensor cols = grid_w.unsqueeze(0).expand({height, width}).reshape({-1});  // [h * w]
+    const at::Tensor rows = grid_h.unsqueeze(1).expand({height, width}).reshape({-1});  // [h * w]
+    const at::Tensor emb = at::cat({sincos_1d(dim / 2, cols), sincos_1d(dim / 2, rows)}, 1);
+    return emb.to(at::kFloat);  // [h * w, dim]
+}
+
+SanaTimestepEmbeddingImpl::SanaTimestepEmbeddingImpl(int64_t in_features, int64_t dim) {
+    linear_1 = register_module("linear_1", nn::Linear(in_features, dim));
+    linear_2 = register_module("linear_2", nn::Linear(dim, dim));
+}
+
+at::Tensor SanaTimestepEmbeddingImpl::forward(const at::Tensor& x) {
+    return linear_2(torch::silu(linear_1(x)));
+}
+
+SanaAdaLayerNormSingleImpl::SanaAdaLayerNormSingleImpl(int64_t dim) {
+    constexpr int64_t kTimestepFeatures = 256;
+    emb = register_module("emb", std::make_shared<nn::Module>());
+    timestep_embedder =
+        emb->register_module("timestep_embedder", SanaTimestepEmbedding(kTimestepFeatures, dim));
+    linear = register_module("linear", nn::Linear(dim, 6 * dim));
+}
+
+std::pair<at::Tensor, at::Tensor> SanaAdaLayerNormSingleImpl::forward(const at::Tensor& timestep,
+                                                                      at::ScalarType dtype) {
+    const at::Tensor features = sana_timestep_features(timestep, 256).to(dtype);
+    at::Tensor embedded = timestep_embedder(features);  // [B, D]
+    return {linear(torch::silu(embedded)), embedded};   // [B, 6D], [B, D]
+}
+
+SanaCaptionProjectionImpl::SanaCaptionProjectionImpl(int64_t in_features, int64_t dim) {
+    linear_1 = register_module("linear_1", nn::Linear(in_features, dim));
+    linear_2 = register_module("linear_2", nn::Linear(dim, dim));
+}
+
+at::Tensor SanaCaptionProjectionImpl::forward(const at::Tensor& x) {
+    return linear_2(at::gelu(linear_1(x), "tanh"));
+}
+
+SanaRMSNormImpl::SanaRMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+    weight = register_parameter("weight", torch::ones({dim}));
+}
+
+at::Tensor SanaRMSNormImpl::forward(const at::Tensor& x) {
+    const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor y = x * at::rsqrt(variance + eps);
+    // Half-precision weights get a half-precision product, as upstream.
+    if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) {
+        y = y.to(weight.scalar_type());
+    }
+    return y * weight;
+}
+
+SanaPatchEmbedImpl::SanaPatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch_size_,
+                                       int64_t sample_size, std::optional<double> scale)
+    : patch_size(patch_size_), base_size(sample_size / patch_size_), interpolation_scale(scale) {
+    proj = register_module(
+        "proj", nn::Conv2d(nn::Conv2dOptions(in_channels, dim, patch_size).stride(patch_size)));
+}
+
+at::Tensor SanaPatchEmbedImpl::forward(const at::Tensor& x) {
+    const int64_t height = x.size(2) / patch_size, width = x.size(3) / patch_size;
+    at::Tensor tokens = proj(x).flatten(2).transpose(1, 2);  // [B, D, h, w] -> [B, h * w, D]
+    if (!interpolation_scale) return tokens;
+    // Upstream adds its cached table when the grid is its base grid and recomputes it otherwise;
+    // both are this function of the grid, so computing it always gives the same numbers.
+    const at::Tensor pos = sana_sincos_pos_embed(tokens.size(2), height, width, base_size,
+                                                 *interpolation_scale, tokens.device());
+    return (tokens + pos.unsqueeze(0)).to(tokens.scalar_type());  // [B, h * w, D]
+}
+
+SanaLinearAttentionImpl::SanaLinearAttentionImpl(int64_t dim, int64_t heads_, int64_t head_dim,
+                                                 bool bias, double dropout)
+    : heads(heads_) {
+    const int64_t inner = heads * head_dim;
+    to_q = register_module("to_q", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
+    to_k = register_module("to_k", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
+    to_v = register_module("to_v", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
+    to_out = register_module("to_out", make_to_out(inner, dim, dropout, out_proj, out_dropout));
+}
+
+at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
+    const auto dtype = x.scalar_type();
+    const int64_t batch = x.size(0), tokens = x.size(1);
+    // Heads split the channels: channel c = head * d + i.
+    auto split_heads = [&](const at::Tensor& t) {
+        return t.transpose(1, 2).reshape({batch, heads, -1, tokens});  // [B, N, C] -> [B, H, d, N]
+    };
+    at::Tensor q = split_heads(apply_linear(to_q, x));
+    at::Tensor k = split_heads(apply_linear(to_k, x)).transpose(2, 3);  // -> [B, H, N, d]
+    at::Tensor v = split_heads(apply_linear(to_v, x));
+    const int64_t d = v.size(2);
+
+    q = torch::relu(q).to(at::kFloat);
+    k = torch::relu(k).to(at::kFloat);
+    v = v.to(at::kFloat);
+    // The row of ones makes the last output row sum_j k_j . q: the softmax-free normaliser.
+    v = at::constant_pad_nd(v, {0, 0, 0, 1}, 1.0);              // [B, H, d, N] -> [B, H, d + 1, N]
+    const at::Tensor kv = at::matmul(v, k);                     // [B, H, d + 1, d]
+    at::Tensor out = at::matmul(kv, q);                         // [B, H, d + 1, N]
+    out = out.narrow(2, 0, d) / (out.narrow(2, d, 1) + 1e-15);  // [B, H, d, N]
+    out = out.reshape({batch, -1, tokens}).transpose(1, 2).to(dtype);  // [B, H, d, N] -> [B, N, C]
+
+    out = out_dropout(apply_linear(out_proj, out));
+    if (dtype == at::kHalf) out = out.clamp(-65504, 65504);
+    return out;
+}
+
+SanaCrossAttentionImpl::SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads_,
+                                               int64_t head_dim_, double dropout)
+    : heads(heads_), head_dim(head_dim_) {
+    const int64_t inner = heads * head_dim;
+    to_q = register_module("to_q", nn::Linear(dim, inner));
+    to_k = register_module("to_k", nn::Linear(context_dim, inner));
+    to_v = register_module("to_v", nn::Linear(context_dim, inner));
+    to_out = register_module("to_out", make_to_out(inner, dim, dropout, out_proj, out_dropout));
+}
+
+at::Tensor SanaCrossAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& bias) const {
+    return attention(attention_kernel, q, k, v, bias, attention_chunk);
+}
+
+at::Tensor SanaCrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context,
+                                           const at::Tensor& bias) {
+    const int64_t batch = x.size(0);
+    auto split_heads = [&](const at::Tensor& t) {
+        return t.view({batch, -1, heads, head_dim}).transpose(1, 2);  // [B, L, C] -> [B, H, L, d]
+    };
+    const at::Tensor q = split_heads(apply_linear(to_q, x));  // [B, H, N, d]
+    const at::Tensor k = split_heads(apply_linear(to_k, context));
+    const at::Tensor v = split_heads(apply_linear(to_v, context));
+    at::Tensor out = attend(q, k, v, bias);                            // [B, H, N, d]
+    out = out.transpose(1, 2).reshape({batch, -1, heads * head_dim});  // [B, H, N, d] -> [B, N, C]
+    return out_dropout(apply_linear(out_proj, out.to(q.scalar_type())));
+}
+
+SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
+    conv_inverted =
+        register_module("conv_inverted", nn::Conv2d(nn::Conv2dOptions(dim, 2 * hidden, 1)));
+    conv_depth = register_module(
+        "conv_depth",
+        nn::Conv2d(nn::Conv2dOptions(2 * hidden, 2 * hidden, 3).padding(1).groups(2 * hidden)));
+    conv_point =
+        register_module("conv_point", nn::Conv2d(nn::Conv2dOptions(hidden, dim, 1).bias(false)));
+}
+
+at::Tensor SanaGLUMBConvImpl::forward(const at::Tensor& x) {
+    // F = the hidden width.
+    at::Tensor y = conv_depth(torch::silu(conv_inverted(x)));  // [B, 2F, h, w]
+    const auto halves = y.chunk(2, 1);                         // value, gate: [B, F, h, w] each
+    return conv_point(halves[0] * torch::silu(halves[1]));     // [B, D, h, w]
+}
+
+SanaTransformerBlockImpl::SanaTransformerBlockImpl(const SanaTransformerConfig& c) {
+    const int64_t dim = c.inner_dim();
+    // Upstream initialises the table as randn / sqrt(dim); checkpoints overwrite it.
+    scale_shift_table =
+        register_parameter("scale_shift_table", torch::randn({6, dim}) / std::sqrt(double(dim)));
+    norm1 = register_module(
+        "norm1",
+        nn::LayerNorm(nn::LayerNormOptions({dim}).elementwise_affine(false).eps(c.norm_eps)));
+    attn1 = register_module("attn1",
+                            SanaLinearAttention(dim, c.num_attention_heads, c.attention_head_dim,
+                                                c.attention_bias, c.dropout));
+    norm2 =
+        register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({dim})
+                                                   .elementwise_affine(c.norm_elementwise_affine)
+                                                   .eps(c.norm_eps)));
+    attn2 = register_module(
+        "attn2", SanaCrossAttention(dim, c.cross_attention_dim, c.num_cross_attention_heads,
+                                    c.cross_attention_head_dim, c.dropout));
+    ff = register_module("ff", SanaGLUMBConv(dim, c.ff_hidden_dim()));
+}
+
+at::Tensor SanaTransformerBlockImpl::forward(const at::Tensor& tokens, const at::Tensor& context,
+                                             const at::Tensor& bias, const at::Tensor& modulation,
+                                             int64_t height, int64_t width) {
+    const int64_t batch = tokens.size(0);
+    // shift, scale, gate for the attention, then for the FFN: [B, 1, D] each.
+    const at::Tensor per_sample = modulation.reshape({batch, 6, -1});  // [B, 6D] -> [B, 6, D]
+    const auto mod = (scale_shift_table.unsqueeze(0) + per_sample).chunk(6, 1);
+    const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+    const at::Tensor &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
+
+    at::Tensor x = norm1(tokens) * (1 + scale_msa) + shift_msa;
+    at::Tensor h = tokens + gate_msa * attn1(x.to(tokens.scalar_type()));
+
+    // Upstream's cross-attention takes the tokens as they are: no norm, no modulation, no gate.
+    h = attn2(h, context, bias) + h;
+
+    x = norm2(h) * (1 + scale_mlp) + shift_mlp;
+    x = x.view({batch, height, width, -1}).permute({0, 3, 1, 2});  // [B, h * w, D] -> [B, D, h, w]
+    x = ff(x).flatten(2, 3).permute({0, 2, 1});                    // [B, D, h, w] -> [B, h * w, D]
+    return h + gate_mlp * x;
+}
+
+}  // namespace sf::model

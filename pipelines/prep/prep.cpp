@@ -1,0 +1,191 @@
+#include "pipelines/prep/prep.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "pipelines/prep/prep_phases.h"
+#include "storage/cache_schema.h"
+
+namespace sf::pipelines {
+namespace prep {
+
+std::string read_file(const std::string& path, int64_t max_bytes) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) throw Reject(path + ": cannot open file");
+    const std::streamoff size = in.tellg();
+    if (size < 0) throw Reject(path + ": cannot read file size");
+    if (size > max_bytes) {
+        throw Reject(fmt::format("{}: file is {} bytes, above the limit of {}", path, size, max_bytes));
+    }
+    std::string bytes(static_cast<size_t>(size), '\0');
+    in.seekg(0);
+    if (!in.read(bytes.data(), size)) throw Reject(path + ": read failed");
+    return bytes;
+}
+
+void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r) {
+    // Stages prefix reasons with the file name; the reject list keys by it.
+    const std::string source = r.label.empty() ? fmt::format("item {}", r.index) : r.label;
+    std::string reason = r.reason;
+    if (reason.rfind(source + ": ", 0) == 0) reason.erase(0, source.size() + 2);
+    writer.add_reject(source, r.stage, reason);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+namespace {
+
+namespace schema = storage::schema;
+
+void validate(const PrepOptions& o) {
+    if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
+    if (o.instance_data_dir.empty() && o.manifest.empty()) {
+        throw Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
+    }
+    if (o.workers < 1) throw Error::InvalidArgument(fmt::format("--dataloader_num_workers must be >= 1, got {}", o.workers));
+    if (o.max_in_flight < 0) throw Error::InvalidArgument("--max_in_flight must be >= 0");
+    if (o.commit_batch < 1) throw Error::InvalidArgument("--commit_batch must be >= 1");
+    if (o.min_side < 0) throw Error::InvalidArgument("--min_side must be >= 0");
+    if (o.vae_batch_size < 1) throw Error::InvalidArgument("--vae_batch_size must be >= 1");
+    if (o.text_batch_size < 1) throw Error::InvalidArgument("--text_batch_size must be >= 1");
+    if (o.model != "tiny" && o.pretrained_model_name_or_path.empty()) {
+        throw Error::InvalidArgument("--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model + "'");
+    }
+}
+
+// The fields every encoder stage's config shares, from the prep flags.
+template <typename Config>
+Config encoder_config(const PrepOptions& o, const char* builtin, int batch_size) {
+    Config c;
+    c.model = stages::ModelSource{o.pretrained_model_name_or_path, builtin, o.seed};
+    c.device = o.device;
+    c.mixed_precision = o.mixed_precision;
+    c.batch_size = batch_size;
+    return c;
+}
+
+PrepStages make_stages(const PrepOptions& o) {
+    PrepStages s;
+    s.decode_config.resolution = o.resolution;
+    s.decode_config.min_side = o.min_side > 0 ? o.min_side : o.resolution / 4;
+    s.decode_config.output_uint8 = true;  // a quarter of the bytes in flight; the VAE normalizes
+    s.decoder = std::make_unique<stages::DecodeImageStage>(s.decode_config);
+    if (o.text) {
+        auto config = encoder_config<stages::EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size);
+        config.offload = o.offload;
+        s.text = std::make_unique<stages::EncodeTextStage>(config);
+    }
+    if (o.vae) {
+        s.vae = std::make_unique<stages::EncodeVAEStage>(
+            encoder_config<stages::EncodeVAEConfig>(o, "dc-ae-tiny", o.vae_batch_size));
+    }
+    s.decode_fingerprint = {
+        {"stage", schema::kDecodeImageStage},
+        {"decoder", s.decoder->fingerprint()},
+        {"resolution", std::to_string(o.resolution)},
+        {"record", "sample-index-v2"},
+    };
+    s.decode_fp_hash = storage::fingerprint_hash(s.decode_fingerprint);
+    if (s.vae) s.vae_fp_hash = storage::fingerprint_hash(s.vae->fingerprint());
+    if (s.text) s.text_fp_hash = storage::fingerprint_hash(s.text->fingerprint());
+    return s;
+}
+
+// Each stage's records must have been made the way this run would make them: refused naming
+// what differs, or dropped and rebuilt with --rebuild.
+void check_fingerprints(storage::Cache& cache, const PrepStages& s, const PrepOptions& o) {
+    auto ensure = [&](const char* stage, const storage::Fingerprint& fp, const char* db) {
+        if (cache.ensure_fingerprint(stage, fp, {db}, o.rebuild) == storage::FingerprintStatus::kRebuilt) {
+            log_warn("prep: --rebuild: the {} stage of {} was dropped and is rebuilt", stage, o.cache_dir);
+        }
+    };
+    ensure(schema::kDecodeImageStage, s.decode_fingerprint, schema::kSamplesDb);
+    if (s.text) ensure(schema::kEncodeTextStage, s.text->fingerprint(), schema::kTextDb);
+    if (s.vae) ensure(schema::kEncodeVAEStage, s.vae->fingerprint(), schema::kLatentsDb);
+}
+
+// The manifest: this dataset's samples, which training reads. Sample records of earlier versions
+// of the dataset (an edited caption, a removed image) stay in the cache, reusable, but are not
+// trained on.
+void write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& plan,
+                    const std::set<std::string>& rejected_keys) {
+    std::vector<std::string> keys;
+    for (const auto& p : plan) {
+        if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key)) keys.push_back(p.sample_key);
+    }
+    storage::CacheWriter manifest(cache, schema::kManifestDb, 1);
+    manifest.put(schema::kManifestSamplesKey, schema::manifest_record(keys));
+    manifest.flush();
+}
+
+}  // namespace
+}  // namespace prep
+
+std::string PrepReport::table() const {
+    std::string out = fmt::format("{:<12} {:>8} {:>8} {:>9} {:>10} {:>12}\n", "stage", "items", "rejects", "busy s",
+                                  "items/s", "peak memory");
+    for (const auto& s : stages) {
+        const double rate = s.seconds > 0 ? static_cast<double>(s.items) / s.seconds : 0.0;
+        out += fmt::format("{:<12} {:>8} {:>8} {:>9.2f} {:>10.1f} {:>12}\n", s.name, s.items, s.rejects, s.seconds,
+                           rate, s.peak_bytes > 0 ? format_bytes(s.peak_bytes) : "-");
+    }
+    out += fmt::format(
+        "samples: {} scanned, {} already cached, {} written ({} latents, {} texts), {} rejected; {:.2f} s; "
+        "models loaded: {}\n",
+        scanned, cached, written, latents_written, texts_written, rejected, seconds,
+        models_loaded.empty() ? std::string("none") : fmt::format("{}", fmt::join(models_loaded, ", ")));
+    return out;
+}
+
+PrepReport run_prep(const PrepOptions& o) {
+    using namespace prep;
+    validate(o);
+    const auto t0 = std::chrono::steady_clock::now();
+    PrepReport report;
+    const PrepStages stages = make_stages(o);
+
+    stages::DatasetConfig dataset;
+    dataset.instance_data_dir = o.instance_data_dir;
+    dataset.manifest = o.manifest;
+    dataset.instance_prompt = o.instance_prompt;
+    const stages::DatasetScan scan = stages::scan_dataset(dataset);
+    report.scanned = static_cast<int64_t>(scan.samples.size());
+    report.stages.push_back({"scan", report.scanned, static_cast<int64_t>(scan.rejects.size()), seconds_since(t0), 0});
+    log_info("prep: {} samples found, {} rejected by the scan", scan.samples.size(), scan.rejects.size());
+
+    storage::Cache cache = storage::Cache::open(o.cache_dir);
+    check_fingerprints(cache, stages, o);
+    storage::CacheWriter samples_writer(cache, schema::kSamplesDb, static_cast<size_t>(o.commit_batch));
+    for (const auto& [source, reason] : scan.rejects) samples_writer.add_reject(source, "scan", reason);
+
+    const auto index_t0 = std::chrono::steady_clock::now();
+    const IndexResult index = run_index_phase(stages, cache, scan.samples, o, samples_writer);
+    std::vector<const PlannedSample*> todo;
+    for (const auto& p : index.plan) {
+        if (p.sample.path.empty()) continue;
+        if (p.need_sample || p.need_latent) {
+            todo.push_back(&p);
+        } else {
+            ++report.cached;
+        }
+    }
+    report.stages.push_back({"index", report.scanned, index.rejected, seconds_since(index_t0), 0});
+    report.rejected = static_cast<int64_t>(scan.rejects.size()) + index.rejected;
+
+    if (stages.text) run_text_phase(*stages.text, cache, index.plan, o, report);
+    const std::set<std::string> rejected_keys =
+        run_image_phase(stages, cache, std::move(todo), o, samples_writer, report);
+    write_manifest(cache, index.plan, rejected_keys);
+
+    report.seconds = seconds_since(t0);
+    log_info("prep: {} samples written, {} cached, {} rejected in {:.2f} s (at most {} samples in flight)",
+             report.written, report.cached, report.rejected, report.seconds, report.max_in_flight);
+    return report;
+}
+
+}  // namespace sf::pipelines

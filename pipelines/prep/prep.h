@@ -1,0 +1,70 @@
+// The prep pipeline: media folder -> cache of sample index, text features and VAE latents.
+//
+//   scan      the dataset: (image, caption) pairs; bad entries are rejects
+//   index     every image read and hashed in parallel into content keys; what the cache holds
+//             already is skipped from here on, so an unchanged dataset loads no model
+//   text      the missing captions (identical ones once) through the text encoder, in batches
+//   image     the missing images decoded in parallel while the VAE encodes batches on the device
+//
+// Each model phase holds the device lease for its whole run, loads its model inside it and frees
+// it at the end; memory is marked at each step. Every edge that carries pixels is bounded by a
+// token pool. Bad samples are rejected with a reason, recorded in the cache, and the run goes on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sf::pipelines {
+
+struct PrepOptions {
+    std::string instance_data_dir;  // folder of images (+ same-stem .txt captions)
+    std::string manifest;           // JSONL manifest; optional
+    std::string instance_prompt;    // one caption for every image; optional
+    std::string cache_dir;
+    // Diffusers-layout directory (vae/, text_encoder/, tokenizer/); empty: built-in `model`.
+    std::string pretrained_model_name_or_path;
+    std::string model = "tiny";          // built-in configurations when no weights are given
+    uint64_t seed = 0;                   // the built-in models' random weights
+    std::string device = "auto";
+    std::string mixed_precision = "no";  // dtype of the frozen encoders
+    int resolution = 1024;  // bucket table: 512, 1024, 2048 or 4096
+    int min_side = 0;       // reject images smaller than this; 0 = resolution / 4
+    int workers = 2;        // parallel decode workers
+    int max_in_flight = 0;  // token bound on decoded items; 0 = 4 x workers (>= VAE batch)
+    int vae_batch_size = 4;
+    int text_batch_size = 8;
+    int commit_batch = 64;  // records per LMDB transaction
+    bool rebuild = false;   // drop a stage whose fingerprint differs, instead of refusing
+    bool offload = false;   // text encoder weights on the host, one layer at a time on the device
+    bool text = true;       // run the text phase
+    bool vae = true;        // run the VAE phase (off: sample index only)
+};
+
+struct PrepStageRow {
+    std::string name;
+    int64_t items = 0;
+    int64_t rejects = 0;
+    double seconds = 0;
+    int64_t peak_bytes = 0;  // counted tensor bytes (CUDA allocator bytes on a GPU)
+};
+
+struct PrepReport {
+    int64_t scanned = 0;         // samples the dataset scan found
+    int64_t cached = 0;          // samples whose records were all there: nothing done
+    int64_t written = 0;         // sample records committed by this run
+    int64_t latents_written = 0;
+    int64_t texts_written = 0;
+    int64_t rejected = 0;        // scan, read and decode rejects
+    int64_t max_in_flight = 0;   // samples in memory at once in the image phase, at most
+    std::vector<std::string> models_loaded;  // stages that loaded a model
+    double seconds = 0;
+    std::vector<PrepStageRow> stages;
+    std::string table() const;
+};
+
+// Throws sf::Error on a fatal problem (bad options, cache refused, disk full); a bad sample is
+// a reject, never an exception. Everything committed before a fatal error stays valid.
+PrepReport run_prep(const PrepOptions& options);
+
+}  // namespace sf::pipelines

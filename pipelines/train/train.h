@@ -1,0 +1,76 @@
+// The training pipeline: a prep cache -> a trained Sana transformer (or LoRA adapters).
+//
+// It reads latents and caption features from the cache and never loads the VAE or the text
+// encoder. The transformer comes from a diffusers `transformer/` directory, from a config.json
+// alone (seeded initialisation: training from scratch), or the built-in tiny configuration for
+// the demo. Each step draws a batch from one aspect bucket, noises it (flow matching), and takes
+// one optimizer step through train::TrainStep with the remedies the flags ask for. Checkpoints hold
+// everything needed to resume exactly; the final weights are written in diffusers layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sf::pipelines {
+
+struct TrainOptions {
+    std::string cache_dir;
+    std::string output_dir;
+    // A diffusers-layout root holding transformer/, or a transformer directory itself.
+    std::string pretrained_model_name_or_path;
+    std::string transformer_config;  // a config.json to train from scratch (seeded weights)
+    std::string model = "tiny";      // the built-in configuration when neither is given
+    uint64_t seed = 0;
+    std::string device = "auto";
+
+    // Remedies.
+    std::string mixed_precision = "no";
+    bool allow_tf32 = false;
+    int64_t gradient_checkpointing = 0;  // every k-th block; 0 off
+    std::string attention = "dense";     // dense, chunked, fused
+    bool fused_backward_pass = false;
+
+    // Optimisation.
+    int64_t train_batch_size = 1;
+    int64_t gradient_accumulation_steps = 1;
+    int64_t max_train_steps = 100;
+    double learning_rate = 1e-4;
+    std::string lr_scheduler = "constant";
+    int64_t lr_warmup_steps = 0;
+    double max_grad_norm = 1.0;
+    double adam_weight_decay = 1e-2;
+    double caption_dropout = 0.0;
+    double flow_shift = 3.0;
+    std::string weighting_scheme = "logit_normal";
+
+    // LoRA: rank 0 trains every weight.
+    int64_t rank = 0;
+    double lora_alpha = 0;  // 0: = rank
+    std::string lora_target_modules = "to_q,to_k,to_v";
+
+    // Checkpoints.
+    int64_t checkpointing_steps = 500;
+    int64_t checkpoints_total_limit = 0;
+    std::string resume_from_checkpoint;  // "", "latest" or a checkpoint directory
+    int64_t log_every = 10;
+};
+
+struct TrainReport {
+    int64_t first_step = 0;  // steps already done when this run started (resume)
+    int64_t steps = 0;       // optimizer steps done at the end
+    std::vector<double> losses;  // every step's loss, from step 1 (resumed ones included)
+    int64_t skipped_steps = 0;
+    double seconds = 0;
+    std::string weights_path;  // the final weights
+    std::string phase_table;   // per-phase peak memory
+    std::string memory_marks;  // the memory log of the run
+    int64_t trainable_parameters = 0;
+};
+
+// Throws sf::Error on bad options, a cache without samples, a checkpoint that does not match the
+// options (naming each differing setting), or out of memory (naming the phase and the flags that
+// would help). Checkpoints written before a failure stay valid.
+TrainReport run_train(const TrainOptions& options);
+
+}  // namespace sf::pipelines

@@ -1,0 +1,178 @@
+#include "stages/train/optim.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sf::train {
+
+AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
+    : params_(std::move(params)), moments_(params_.size()), options_(options) {
+    if (options_.lr < 0) throw Error::InvalidArgument(fmt::format("--learning_rate must be >= 0, got {}", options_.lr));
+    if (options_.beta1 < 0 || options_.beta1 >= 1 || options_.beta2 < 0 || options_.beta2 >= 1) {
+        throw Error::InvalidArgument("--adam_beta1 and --adam_beta2 must be in [0, 1)");
+    }
+    if (options_.eps <= 0) throw Error::InvalidArgument("--adam_epsilon must be > 0");
+    if (options_.weight_decay < 0) throw Error::InvalidArgument("--adam_weight_decay must be >= 0");
+}
+
+void AdamW::step(double lr) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+        if (params_[i].second.grad().defined()) step_one(i, lr);
+    }
+}
+
+// torch::optim::AdamW::step (LibTorch 1.13) for one parameter, in the same order of operations.
+void AdamW::step_one(size_t index, double lr) {
+    at::NoGradGuard no_grad;
+    at::Tensor& p = params_[index].second;
+    const at::Tensor grad = p.grad();
+    if (!grad.defined()) return;
+    Moments& m = moments_[index];
+    if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
+    if (!m.exp_avg.defined()) {
+        m.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
+        m.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    ++m.step;
+    const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(m.step));
+    const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(m.step));
+    m.exp_avg.mul_(options_.beta1).add_(grad, 1 - options_.beta1);
+    m.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
+    const at::Tensor denom = (m.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
+    p.addcdiv_(m.exp_avg, denom, -(lr / bias_correction1));
+}
+
+void AdamW::zero_grad() {
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+}
+
+void AdamW::drop_grad(size_t index) { params_[index].second.mutable_grad() = at::Tensor(); }
+
+std::map<std::string, at::Tensor> AdamW::state() const {
+    std::map<std::string, at::Tensor> out;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        const Moments& m = moments_[i];
+        if (!m.exp_avg.defined()) continue;  // never stepped
+        const std::string& name = params_[i].first;
+        out[name + ".exp_avg"] = m.exp_avg;
+        out[name + ".exp_avg_sq"] = m.exp_avg_sq;
+        out[name + ".step"] = at::scalar_tensor(m.step, at::kLong);
+    }
+    return out;
+}
+
+void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        const auto& [name, p] = params_[i];
+        auto step = state.find(name + ".step");
+        if (step == state.end()) {
+            moments_[i] = Moments{};
+            continue;
+        }
+        Moments m;
+        m.step = step->second.item<int64_t>();
+        for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
+            auto it = state.find(name + which);
+            if (it == state.end() || !it->second.sizes().equals(p.sizes())) {
+                throw Error::InvalidArgument(fmt::format("optimizer state: {}{} is missing or has the wrong shape",
+                                                         name, which));
+            }
+            at::Tensor t = it->second.to(p.options()).clone();
+            (std::string(which) == ".exp_avg" ? m.exp_avg : m.exp_avg_sq) = t;
+        }
+        moments_[i] = std::move(m);
+    }
+}
+
+LRSchedule::LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps)
+    : kind_(std::move(kind)), base_lr_(base_lr), warmup_(warmup_steps), total_(total_steps) {
+    if (kind_ != "constant" && kind_ != "constant_with_warmup" && kind_ != "linear" && kind_ != "cosine") {
+        throw Error::InvalidArgument(fmt::format(
+            "--lr_scheduler must be constant, constant_with_warmup, linear or cosine, got '{}'", kind_));
+    }
+    if (warmup_ < 0) throw Error::InvalidArgument("--lr_warmup_steps must be >= 0");
+    if (total_ < 1) throw Error::InvalidArgument("--max_train_steps must be >= 1");
+}
+
+double LRSchedule::at(int64_t step) const {
+    if (kind_ == "constant") return base_lr_;
+    if (step < warmup_) return base_lr_ * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_));
+    if (kind_ == "constant_with_warmup") return base_lr_;
+    const double progress =
+        static_cast<double>(step - warmup_) / static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
+    if (kind_ == "linear") return base_lr_ * std::max(0.0, 1.0 - progress);
+    return base_lr_ * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));  // num_cycles 0.5
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> norms;
+    for (const auto& p : params) {
+        if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(at::kFloat));
+    }
+    if (norms.empty()) return 0.0;
+    const double total = at::stack(norms).norm(2).item<double>();
+    const double coef = max_norm / (total + 1e-6);
+    if (coef < 1.0) {
+        for (const auto& p : params) {
+            if (p.grad().defined()) p.grad().mul_(coef);
+        }
+    }
+    return total;
+}
+
+LossScaler::LossScaler(bool enabled, LossScalerOptions options)
+    : enabled_(enabled), options_(options), scale_(options.init_scale) {}
+
+at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
+
+bool LossScaler::unscale(const std::vector<at::Tensor>& params) const {
+    at::NoGradGuard no_grad;
+    // One flag per gradient, read back once: a read per parameter would wait for the device
+    // hundreds of times a step.
+    std::vector<at::Tensor> finite;
+    for (const auto& p : params) {
+        at::Tensor g = p.grad();
+        if (!g.defined()) continue;
+        if (enabled_) g.mul_(1.0 / scale_);
+        finite.push_back(at::isfinite(g).all());
+    }
+    return finite.empty() || at::stack(finite).all().item<bool>();
+}
+
+void LossScaler::update(bool found_inf) {
+    if (!enabled_) return;
+    if (found_inf) {
+        scale_ *= options_.backoff_factor;
+        good_steps_ = 0;
+        ++skipped_;
+        return;
+    }
+    if (++good_steps_ >= options_.growth_interval) {
+        scale_ *= options_.growth_factor;
+        good_steps_ = 0;
+    }
+}
+
+std::map<std::string, double> LossScaler::state() const {
+    return {{"scale", scale_}, {"good_steps", static_cast<double>(good_steps_)}, {"skipped", static_cast<double>(skipped_)}};
+}
+
+void LossScaler::load_state(const std::map<std::string, double>& state) {
+    auto get = [&](const char* key) {
+        auto it = state.find(key);
+        if (it == state.end()) throw Error::InvalidArgument(fmt::format("loss scaler state: '{}' missing", key));
+        return it->second;
+    };
+    scale_ = get("scale");
+    good_steps_ = static_cast<int64_t>(get("good_steps"));
+    skipped_ = static_cast<int64_t>(get("skipped"));
+}
+
+}  // namespace sf::train

@@ -1,0 +1,117 @@
+// What the trainer updates weights with: AdamW, the learning-rate schedules of diffusers'
+// get_scheduler, global gradient-norm clipping and a dynamic loss scaler for fp16.
+//
+// AdamW is written out rather than taken from torch::optim because the fused backward pass
+// updates one parameter at a time, as soon as its gradient is complete (step_one), and because
+// checkpoints need its state by parameter name. Its arithmetic is torch::optim::AdamW's, op for
+// op, so the two agree bit for bit (tested).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace sf::train {
+
+struct AdamWOptions {
+    double lr = 1e-4;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 1e-2;
+};
+
+class AdamW {
+public:
+    // `params`: name -> trainable tensor (requires_grad), in a fixed order.
+    AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options);
+
+    // Updates every parameter that has a gradient, with learning rate `lr`.
+    void step(double lr);
+    // Updates parameter `index` alone from its current gradient (the fused backward pass).
+    void step_one(size_t index, double lr);
+    void zero_grad();  // drops the gradients (sets them undefined: no memory kept)
+    void drop_grad(size_t index);
+
+    size_t size() const { return params_.size(); }
+    const std::string& name(size_t index) const { return params_[index].first; }
+    const at::Tensor& param(size_t index) const { return params_[index].second; }
+    const AdamWOptions& options() const { return options_; }
+
+    // State by name: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (a 0-d int64).
+    std::map<std::string, at::Tensor> state() const;
+    // Restores what state() returned; kInvalidArgument naming a missing or misshaped entry.
+    void load_state(const std::map<std::string, at::Tensor>& state);
+
+private:
+    struct Moments {
+        at::Tensor exp_avg, exp_avg_sq;
+        int64_t step = 0;
+    };
+    std::vector<std::pair<std::string, at::Tensor>> params_;
+    std::vector<Moments> moments_;
+    AdamWOptions options_;
+};
+
+// diffusers' get_scheduler: "constant", "constant_with_warmup", "linear", "cosine" (half a cosine
+// from the peak to zero after the warmup). Validated when built (kInvalidArgument naming
+// --lr_scheduler).
+class LRSchedule {
+public:
+    LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps);
+    // The learning rate of optimizer step `step` (0-based), as the scheduler gives it after
+    // `step` calls to scheduler.step().
+    double at(int64_t step) const;
+    const std::string& kind() const { return kind_; }
+
+private:
+    std::string kind_;
+    double base_lr_;
+    int64_t warmup_, total_;
+};
+
+// torch.nn.utils.clip_grad_norm_: scales every gradient so that their global L2 norm is at most
+// max_norm; returns the norm before clipping (inf or nan when a gradient is not finite).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+// Dynamic loss scaling for fp16, as torch.cuda.amp.GradScaler does it: the loss is multiplied by
+// the scale before backward; before the optimizer step the gradients are divided by it and
+// checked; a step with any inf or nan gradient is skipped and the scale multiplied by
+// backoff_factor, and after growth_interval clean steps in a row it is multiplied by
+// growth_factor.
+struct LossScalerOptions {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int64_t growth_interval = 2000;
+};
+
+class LossScaler {
+public:
+    explicit LossScaler(bool enabled, LossScalerOptions options = {});
+
+    bool enabled() const { return enabled_; }
+    double scale() const { return enabled_ ? scale_ : 1.0; }
+    at::Tensor scale_loss(const at::Tensor& loss) const;
+    // Divides the gradients by the scale; false when any is not finite (the step must be skipped).
+    bool unscale(const std::vector<at::Tensor>& params) const;
+    // After the step (taken or skipped): adapts the scale.
+    void update(bool found_inf);
+    int64_t skipped_steps() const { return skipped_; }
+
+    // scale, growth tracker and skipped count, for checkpoints.
+    std::map<std::string, double> state() const;
+    void load_state(const std::map<std::string, double>& state);
+
+private:
+    bool enabled_;
+    LossScalerOptions options_;
+    double scale_;
+    int64_t good_steps_ = 0;
+    int64_t skipped_ = 0;
+};
+
+}  // namespace sf::train

@@ -1,0 +1,162 @@
+#include "stages/train/train_data.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "core/check.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "storage/cache_reader.h"
+#include "storage/tensor_convert.h"
+
+namespace sf::train {
+namespace {
+
+namespace schema = storage::schema;
+
+at::Tensor tensor_of(const storage::Record& r, const char* name, const std::string& where) {
+    return storage::from_tensor_data(schema::required_tensor(r, name, where));
+}
+
+// Fisher-Yates over a 64-bit Mersenne Twister: the engine's output is fixed by the standard (the
+// distributions are not), so the order is the same with every standard library.
+template <typename T>
+void seeded_shuffle(std::vector<T>& v, std::mt19937_64& rng) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng() % i]);
+}
+
+}  // namespace
+
+TrainingSet TrainingSet::open(const storage::Cache& cache) {
+    storage::Cache c = cache;
+    for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
+        if (!c.find_db(db)) {
+            throw Error::NotFound(fmt::format("cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
+        }
+    }
+    TrainingSet set;
+    set.cache_ = std::make_shared<storage::Cache>(c);
+    const storage::CacheSnapshot samples = storage::CacheReader(c, schema::kSamplesDb).snapshot();
+    const storage::CacheSnapshot latents = storage::CacheReader(c, schema::kLatentsDb).snapshot();
+    const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
+
+    std::vector<std::string> keys;
+    if (auto manifest = storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
+        keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
+    } else {
+        log_warn("train: cache {} has no manifest (prep before this version?): training on every sample record", c.dir());
+        samples.for_each([&](std::string_view key, std::string_view) { keys.emplace_back(key); });
+    }
+    int64_t incomplete = 0;
+    for (const auto& key : keys) {
+        auto record = samples.get(key);
+        if (!record) {
+            ++incomplete;
+            continue;
+        }
+        const auto sample = schema::SampleRecord::from_record(*record, std::string(schema::kSamplesDb) + "/" + key);
+        TrainingSample s{key, sample.latent_key, sample.text_key, sample.bucket};
+        if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
+            ++incomplete;
+            continue;
+        }
+        set.buckets_[s.bucket].push_back(static_cast<int64_t>(set.samples_.size()));
+        set.samples_.push_back(std::move(s));
+    }
+    if (incomplete > 0) {
+        log_warn("train: {} of {} samples lack a latent or text record and are left out (rerun prep to complete them)",
+                 incomplete, keys.size());
+    }
+    if (set.samples_.empty()) {
+        throw Error::InvalidArgument(fmt::format("cache {}: no sample with both a latent and a text record", c.dir()));
+    }
+    const TrainingSample& first = set.samples_.front();
+    set.latent_channels_ = tensor_of(*latents.get(first.latent_key), schema::kLatent, first.latent_key).size(0);
+    set.text_hidden_ = tensor_of(*texts.get(first.text_key), schema::kPromptEmbeds, first.text_key).size(1);
+    if (auto empty = texts.get(schema::kEmptyPromptKey)) {
+        set.empty_prompt_ = tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
+    }
+    return set;
+}
+
+TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double caption_dropout, at::Generator& gen) const {
+    SF_CHECK(!indices.empty(), "an empty batch");
+    const storage::CacheSnapshot latents = storage::CacheReader(*cache_, schema::kLatentsDb).snapshot();
+    const storage::CacheSnapshot texts = storage::CacheReader(*cache_, schema::kTextDb).snapshot();
+    std::vector<at::Tensor> lat, txt;
+    for (int64_t i : indices) {
+        const TrainingSample& s = samples_.at(static_cast<size_t>(i));
+        auto l = latents.get(s.latent_key);
+        auto t = texts.get(s.text_key);
+        if (!l || !t) throw Error::NotFound(fmt::format("sample {}: its latent or text record vanished", s.sample_key));
+        lat.push_back(tensor_of(*l, schema::kLatent, std::string(schema::kLatentsDb) + "/" + s.latent_key).to(at::kFloat));
+        txt.push_back(tensor_of(*t, schema::kPromptEmbeds, std::string(schema::kTextDb) + "/" + s.text_key).to(at::kFloat));
+    }
+    if (caption_dropout > 0) {
+        if (!empty_prompt_.defined()) {
+            throw Error::InvalidArgument("--caption_dropout needs the empty prompt's features in the cache: rerun prep");
+        }
+        const at::Tensor draw = at::rand({static_cast<int64_t>(indices.size())}, gen, at::TensorOptions().dtype(at::kFloat));
+        for (size_t i = 0; i < txt.size(); ++i) {
+            if (draw[static_cast<int64_t>(i)].item<float>() < caption_dropout) txt[i] = empty_prompt_.to(at::kFloat);
+        }
+    }
+    int64_t longest = 0;
+    for (const auto& t : txt) longest = std::max(longest, t.size(0));
+    const auto n = static_cast<int64_t>(indices.size());
+    TrainingBatch batch;
+    batch.latents = at::stack(lat);  // one bucket: every latent has the same shape
+    batch.prompt_embeds = at::zeros({n, longest, txt.front().size(1)}, at::kFloat);
+    batch.prompt_mask = at::zeros({n, longest}, at::kLong);
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t len = txt[static_cast<size_t>(i)].size(0);
+        batch.prompt_embeds[i].slice(0, 0, len).copy_(txt[static_cast<size_t>(i)]);
+        batch.prompt_mask[i].slice(0, 0, len).fill_(1);
+    }
+    batch.indices = indices;
+    return batch;
+}
+
+BucketSampler::BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t batch_size,
+                             uint64_t seed)
+    : batch_size_(batch_size), seed_(seed) {
+    if (batch_size < 1) throw Error::InvalidArgument(fmt::format("--train_batch_size must be >= 1, got {}", batch_size));
+    for (const auto& [name, indices] : buckets) buckets_.push_back(indices);
+    SF_CHECK(!buckets_.empty(), "a sampler over no samples");
+    plan_epoch();
+}
+
+void BucketSampler::plan_epoch() {
+    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch_));
+    order_.clear();
+    for (auto indices : buckets_) {
+        seeded_shuffle(indices, rng);
+        for (size_t i = 0; i < indices.size(); i += static_cast<size_t>(batch_size_)) {
+            const size_t end = std::min(indices.size(), i + static_cast<size_t>(batch_size_));
+            order_.emplace_back(indices.begin() + static_cast<std::ptrdiff_t>(i),
+                                indices.begin() + static_cast<std::ptrdiff_t>(end));
+        }
+    }
+    seeded_shuffle(order_, rng);
+}
+
+std::vector<int64_t> BucketSampler::next() {
+    if (cursor_ >= static_cast<int64_t>(order_.size())) {
+        ++epoch_;
+        cursor_ = 0;
+        plan_epoch();
+    }
+    return order_[static_cast<size_t>(cursor_++)];
+}
+
+void BucketSampler::seek(Position position) {
+    if (position.epoch < 0 || position.batch < 0) throw Error::InvalidArgument("sampler position must be >= 0");
+    epoch_ = position.epoch;
+    cursor_ = position.batch;
+    plan_epoch();
+}
+
+}  // namespace sf::train

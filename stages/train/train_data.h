@@ -1,0 +1,93 @@
+// What training reads from a cache: the samples of the last prep, their latents and caption
+// features, batched one aspect bucket at a time by a seeded sampler whose position is part of a
+// checkpoint.
+//
+// The sample list is the manifest prep writes at its end (storage/cache_schema.h: the keys of
+// every sample of that run, rejects excluded). Without it (a cache from an older prep) every
+// sample record is used. A sample whose latent or text record is missing is left out with a
+// warning naming how many, so a cache that a crash left partial still trains on what it has.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/cache.h"
+#include "storage/cache_schema.h"
+
+namespace sf::train {
+
+using storage::schema::Bucket;
+
+struct TrainingSample {
+    std::string sample_key, latent_key, text_key;
+    Bucket bucket;
+};
+
+struct TrainingBatch {
+    at::Tensor latents;         // [B, C, h, w] for images, [B, C, f, h, w] for video windows
+    at::Tensor prompt_embeds;   // [B, L, hidden], zero-padded to the longest caption in the batch
+    at::Tensor prompt_mask;     // [B, L] int64, 1 for a token
+    std::vector<int64_t> indices;  // into TrainingSet::samples()
+};
+
+class TrainingSet {
+public:
+    // kNotFound when the cache has no samples, latents or text db; kInvalidArgument when no
+    // sample is complete.
+    static TrainingSet open(const storage::Cache& cache);
+
+    const std::vector<TrainingSample>& samples() const { return samples_; }
+    // bucket -> indices into samples(), buckets in name order.
+    const std::map<Bucket, std::vector<int64_t>>& buckets() const { return buckets_; }
+    int64_t latent_channels() const { return latent_channels_; }
+    int64_t text_hidden() const { return text_hidden_; }
+    // The empty prompt's features [n, hidden], or undefined when prep did not store them.
+    const at::Tensor& empty_prompt() const { return empty_prompt_; }
+
+    // Reads and stacks the samples at `indices` (one bucket). With `caption_dropout` > 0, each
+    // caption is replaced by the empty prompt with that probability, drawn from `gen`.
+    TrainingBatch load(const std::vector<int64_t>& indices, double caption_dropout, at::Generator& gen) const;
+
+private:
+    TrainingSet() = default;
+    std::shared_ptr<storage::Cache> cache_;
+    std::vector<TrainingSample> samples_;
+    std::map<Bucket, std::vector<int64_t>> buckets_;
+    int64_t latent_channels_ = 0, text_hidden_ = 0;
+    at::Tensor empty_prompt_;
+};
+
+// Batches of one bucket each. An epoch shuffles every bucket's samples, cuts them into batches
+// of `batch_size` (a bucket's last batch may be smaller) and shuffles the order of all batches;
+// both shuffles are seeded by (seed, epoch), so the sequence is a function of the seed alone and
+// a position (epoch, batch) restores it exactly.
+class BucketSampler {
+public:
+    BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t batch_size, uint64_t seed);
+
+    std::vector<int64_t> next();  // the next batch, moving into the next epoch when one ends
+
+    struct Position {
+        int64_t epoch = 0;
+        int64_t batch = 0;  // batches of this epoch already handed out
+    };
+    Position position() const { return {epoch_, cursor_}; }
+    void seek(Position position);
+    int64_t batches_per_epoch() const { return static_cast<int64_t>(order_.size()); }
+
+private:
+    void plan_epoch();
+    std::vector<std::vector<int64_t>> buckets_;
+    int64_t batch_size_;
+    uint64_t seed_;
+    int64_t epoch_ = 0, cursor_ = 0;
+    std::vector<std::vector<int64_t>> order_;  // this epoch's batches
+};
+
+}  // namespace sf::train

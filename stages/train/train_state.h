@@ -1,0 +1,51 @@
+// Training checkpoints: everything a run needs to continue exactly where it stopped.
+//
+//   <output_dir>/checkpoint-<step>/
+//     trainable.safetensors   the trained tensors by name (adapters for LoRA, else all weights)
+//     optimizer.safetensors   AdamW moments and steps by parameter name, and the RNG states
+//     state.json              step, sampler position, loss-scaler state, the run's settings
+//
+// A checkpoint is built in a temporary directory next to its final name, every file fsynced,
+// then renamed into place and the parent directory fsynced: a crash leaves either the whole
+// checkpoint or none (a leftover temporary directory is ignored and removed by the next save).
+// state.json is written last and is what makes a directory a checkpoint.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sf::train {
+
+struct TrainState {
+    int64_t step = 0;            // optimizer steps done
+    int64_t sampler_epoch = 0;
+    int64_t sampler_batch = 0;
+    std::map<std::string, double> scaler;           // LossScaler::state()
+    std::map<std::string, std::string> settings;    // what must match on resume (model, rank, ...)
+    std::vector<std::pair<std::string, at::Tensor>> trainable;
+    std::map<std::string, at::Tensor> optimizer;    // AdamW::state()
+    std::map<std::string, at::Tensor> rng;          // generator name -> state bytes (uint8)
+    std::vector<double> losses;                     // the loss of every step so far
+};
+
+// Writes checkpoint-<state.step> under `output_dir` and returns its path. Then keeps only the
+// newest `total_limit` checkpoints (0 = keep all).
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state, int64_t total_limit);
+
+// The newest complete checkpoint under `output_dir`, if any.
+std::optional<std::string> latest_checkpoint(const std::string& output_dir);
+
+// Reads a checkpoint directory; kNotFound / kCorruption naming the file at fault.
+TrainState load_checkpoint(const std::string& dir);
+
+// The settings of `saved` that differ from `wanted`, as "key: saved -> wanted" lines; empty when
+// they agree.
+std::vector<std::string> settings_diff(const std::map<std::string, std::string>& saved,
+                                       const std::map<std::string, std::string>& wanted);
+
+}  // namespace sf::train

@@ -1,0 +1,249 @@
+#include "stages/train/train_step.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "model/common/autocast.h"
+#include "model/common/chunked_attention.h"
+#include "core/device_options.h"
+
+namespace sf::train {
+namespace {
+
+model::AttentionKernel attention_kernel(const std::string& name) {
+    if (name == "dense") return model::AttentionKernel::kDense;
+    if (name == "chunked") return model::AttentionKernel::kChunked;
+    if (name == "fused") return model::AttentionKernel::kFused;
+    throw Error::InvalidArgument(fmt::format("--attention must be dense, chunked or fused, got '{}'", name));
+}
+
+void validate(const TrainStepOptions& o) {
+    resolve_dtype(o.mixed_precision);  // names --mixed_precision when bad
+    attention_kernel(o.attention);
+    if (o.gradient_checkpointing < 0) throw Error::InvalidArgument("--gradient_checkpointing must be >= 0");
+    if (o.attention_chunk < 1) throw Error::InvalidArgument("--attention_chunk must be >= 1");
+    if (o.accumulation < 1) {
+        throw Error::InvalidArgument(fmt::format("--gradient_accumulation_steps must be >= 1, got {}", o.accumulation));
+    }
+    if (o.max_grad_norm < 0) throw Error::InvalidArgument("--max_grad_norm must be >= 0");
+    if (o.fused_backward && o.max_grad_norm > 0) {
+        throw Error::InvalidArgument(
+            "--fused_backward_pass updates each parameter before the other gradients exist, so it cannot clip by "
+            "the global norm: drop --max_grad_norm (or set it to 0), or drop --fused_backward_pass");
+    }
+    if (o.fused_backward && o.loss_scaling) {
+        throw Error::InvalidArgument(
+            "--fused_backward_pass cannot skip a step after the fact, which fp16 loss scaling needs when a gradient "
+            "overflows: use --mixed_precision bf16 (no loss scaling), or drop --fused_backward_pass");
+    }
+    check_flow_matching(o.flow);
+}
+
+}  // namespace
+
+bool is_out_of_memory(const std::exception& e) {
+    if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+    const auto* error = dynamic_cast<const Error*>(&e);
+    return error != nullptr && error->code() == ErrorCode::kOutOfMemory;
+}
+
+// The fused backward pass: a post hook on each parameter's gradient accumulator, which runs once
+// the gradient is complete (accumulated), updates that parameter and frees its gradient. This is
+// what PyTorch 2.1's register_post_accumulate_grad_hook does; LibTorch has no public API for it,
+// so the hook goes on the accumulator node, which the hook's owner keeps alive (a variable holds
+// its accumulator only weakly, and a new one would have no hook).
+class TrainStep::FusedUpdate {
+public:
+    FusedUpdate(AdamW& adamw) : adamw_(adamw) {
+        for (size_t i = 0; i < adamw.size(); ++i) {
+            auto accumulator = torch::autograd::impl::grad_accumulator(adamw.param(i));
+            SF_CHECK(accumulator != nullptr, "a trainable parameter without a gradient accumulator");
+            auto hook = std::make_unique<Hook>(this, i);
+            hooks_.push_back(hook.get());
+            accumulator->add_post_hook(std::move(hook));
+            accumulators_.push_back(std::move(accumulator));
+        }
+    }
+    ~FusedUpdate() {
+        // Other backward passes over these parameters must not call into a dead trainer.
+        for (size_t i = 0; i < accumulators_.size(); ++i) {
+            auto& hooks = accumulators_[i]->post_hooks();
+            hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                                       [&](const auto& h) { return h.get() == hooks_[i]; }),
+                        hooks.end());
+        }
+    }
+    // Armed for the last micro-batch's backward only; earlier ones accumulate as usual.
+    void arm(double lr) {
+        armed_ = true;
+        lr_ = lr;
+    }
+    void disarm() { armed_ = false; }
+
+private:
+    struct Hook final : torch::autograd::FunctionPostHook {
+        Hook(FusedUpdate* owner, size_t index) : owner(owner), index(index) {}
+        torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                                  const torch::autograd::variable_list&) override {
+            if (owner->armed_) {
+                owner->adamw_.step_one(index, owner->lr_);
+                owner->adamw_.drop_grad(index);
+            }
+            return outputs;
+        }
+        FusedUpdate* owner;
+        size_t index;
+    };
+    AdamW& adamw_;
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+    std::vector<Hook*> hooks_;
+    bool armed_ = false;
+    double lr_ = 0;
+};
+
+TrainStep::TrainStep(model::SanaTransformer model, std::vector<std::pair<std::string, at::Tensor>> trainable,
+                     AdamWOptions adamw, LRSchedule schedule, TrainStepOptions options, c10::Device device)
+    : model_(std::move(model)),
+      schedule_(std::move(schedule)),
+      options_(std::move(options)),
+      device_(device),
+      scaler_(options_.loss_scaling) {
+    validate(options_);
+    autocast_dtype_ = resolve_dtype(options_.mixed_precision);
+    if (autocast_dtype_ != at::kFloat) {
+        try {  // refused now, naming the flag, rather than inside the first step
+            model::AutocastGuard probe(device_.type(), autocast_dtype_, true);
+        } catch (const Error& e) {
+            throw Error::InvalidArgument(fmt::format("--mixed_precision {} on {}: {}{}", options_.mixed_precision,
+                                                     device_.str(), e.what(),
+                                                     device_.is_cpu() ? " (use bf16 on the CPU)" : ""));
+        }
+    }
+    if (trainable.empty()) throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
+    for (const auto& [name, p] : trainable) params_.push_back(p);
+    adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
+    model_->set_gradient_checkpointing(options_.gradient_checkpointing);
+    model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
+    model_->train();
+    if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_);
+}
+
+TrainStep::~TrainStep() = default;
+
+void TrainStep::begin_phase() { mem::reset_peak(); }
+
+void TrainStep::end_phase(const std::string& phase) {
+    const bool cuda = device_.is_cuda();
+    PhasePeak now{cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak : mem::cpu_stats().peak,
+                  mem::peak_rss_bytes()};
+    PhasePeak& peak = peaks_[phase];
+    peak.tensor_bytes = std::max(peak.tensor_bytes, now.tensor_bytes);
+    peak.rss_bytes = std::max(peak.rss_bytes, now.rss_bytes);
+    if (step_ < options_.mark_steps) mem::memory_log().mark("train", fmt::format("step {} {}", step_ + 1, phase));
+}
+
+std::string TrainStep::remedies_for(const std::string& phase) const {
+    std::vector<std::string> flags;
+    if (phase == "forward" || phase == "backward") {
+        if (options_.gradient_checkpointing == 0) flags.push_back("--gradient_checkpointing");
+        if (options_.mixed_precision == "no") flags.push_back("--mixed_precision bf16");
+        if (options_.attention == "dense") flags.push_back("--attention chunked");
+        flags.push_back("a smaller --train_batch_size with more --gradient_accumulation_steps");
+    } else if (phase == "optimizer") {
+        if (!options_.fused_backward) flags.push_back("--fused_backward_pass");
+        flags.push_back("LoRA (--rank) instead of full fine-tuning");
+    } else {
+        flags.push_back("a smaller --train_batch_size with more --gradient_accumulation_steps");
+    }
+    return fmt::format("{}", fmt::join(flags, ", "));
+}
+
+void TrainStep::out_of_memory(const std::string& phase, const std::string& what) {
+    // Release what the failed step holds before reporting, so a caller that adapts can retry.
+    adamw_->zero_grad();
+    if (fused_) fused_->disarm();
+    mem::release_memory(fmt::format("train step {} after running out of memory", step_ + 1));
+    throw Error::OutOfMemory(fmt::format("out of memory in the {} phase of step {}: {}. Flags that lower it: {}", phase,
+                                         step_ + 1, what, remedies_for(phase)));
+}
+
+StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen) {
+    StepResult result;
+    result.lr = schedule_.at(step_);
+    const bool autocast = autocast_dtype_ != at::kFloat;
+    std::string phase = "data";
+    adamw_->zero_grad();  // gradients a previous step kept (keep_gradients) must not accumulate
+    try {
+        at::Tensor loss_sum;  // read back once per step, not per micro-batch
+        for (int64_t k = 0; k < options_.accumulation; ++k) {
+            phase = "data";
+            begin_phase();
+            MicroBatch mb = load(k);
+            mb.latents = mb.latents.to(device_, at::kFloat);
+            mb.prompt_embeds = mb.prompt_embeds.to(device_, at::kFloat);
+            if (mb.prompt_mask.defined()) mb.prompt_mask = mb.prompt_mask.to(device_);
+            const NoisedBatch noised = flow_matching_noise(mb.latents, options_.flow, gen);
+            end_phase(phase);
+
+            phase = "forward";
+            begin_phase();
+            at::Tensor loss;
+            {
+                model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
+                const at::Tensor prediction =
+                    model_->forward(noised.noisy, mb.prompt_embeds, noised.timesteps, mb.prompt_mask);
+                loss = flow_matching_loss(prediction, noised.target);
+            }
+            loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+            mb = MicroBatch{};  // the inputs autograd does not hold go now
+            end_phase(phase);
+
+            phase = "backward";
+            begin_phase();
+            const bool last = k + 1 == options_.accumulation;
+            if (fused_ && last) fused_->arm(result.lr);
+            scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
+            if (fused_) fused_->disarm();
+            end_phase(phase);
+        }
+        result.loss = loss_sum.item<double>() / static_cast<double>(options_.accumulation);
+
+        phase = "optimizer";
+        begin_phase();
+        if (!fused_) {
+            const bool finite = scaler_.unscale(params_);
+            if (finite && options_.max_grad_norm > 0) result.grad_norm = clip_grad_norm(params_, options_.max_grad_norm);
+            if (finite) adamw_->step(result.lr);
+            result.skipped = !finite;
+            result.loss_scale = scaler_.scale();
+            scaler_.update(!finite);
+            if (!options_.keep_gradients) adamw_->zero_grad();
+        }
+        end_phase(phase);
+    } catch (const std::exception& e) {
+        if (is_out_of_memory(e)) out_of_memory(phase, e.what());
+        throw;
+    }
+    ++step_;
+    result.step = step_;
+    return result;
+}
+
+std::string TrainStep::phase_table() const {
+    std::string out = fmt::format("{:<10} {:>14} {:>14}\n", "phase", "peak tensors", "peak rss");
+    for (const char* phase : {"data", "forward", "backward", "optimizer"}) {
+        auto it = peaks_.find(phase);
+        if (it == peaks_.end()) continue;
+        out += fmt::format("{:<10} {:>14} {:>14}\n", phase, format_bytes(it->second.tensor_bytes),
+                           format_bytes(it->second.rss_bytes));
+    }
+    return out;
+}
+
+}  // namespace sf::train

@@ -1,0 +1,117 @@
+// One optimizer step of the Sana transformer, with every memory remedy as an option. The trainer
+// (pipelines/train) and the memory ablation benchmark both drive this class, so what the
+// benchmark measures is what training runs.
+//
+// A step: for each of `accumulation` micro-batches, load it (phase "data"), noise it and run the
+// model under autocast (phase "forward"), backward the loss divided by `accumulation` (phase
+// "backward"); then unscale, check, clip and update (phase "optimizer"). With the fused backward
+// pass each parameter is updated inside the last backward as soon as its gradient is complete,
+// and its gradient freed at once, so full gradients never coexist.
+//
+// Memory is metered per phase: the peak of counted tensor bytes (CUDA allocator bytes on a GPU)
+// and of the resident set, over all steps; the first `mark_steps` steps also mark the memory log
+// after each phase. Running out of memory in a phase is an sf::Error kOutOfMemory that names the
+// phase and the flags that would lower it, after gradients and caches are released.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/sana/sana_transformer.h"
+#include "stages/train/flow_matching.h"
+#include "stages/train/optim.h"
+
+namespace sf::train {
+
+struct MicroBatch {
+    at::Tensor latents;        // [B, C, h, w] clean latents (scaled)
+    at::Tensor prompt_embeds;  // [B, L, caption_channels]
+    at::Tensor prompt_mask;    // [B, L], 1 for a token; may be undefined
+};
+
+struct TrainStepOptions {
+    std::string mixed_precision = "no";  // "no", "bf16", "fp16": autocast dtype; weights stay fp32
+    int64_t gradient_checkpointing = 0;  // 0 off; k: every k-th block recomputed in backward
+    std::string attention = "dense";     // cross-attention: "dense", "chunked", "fused"
+    int64_t attention_chunk = 1024;      // query rows per chunk for "chunked"
+    int64_t accumulation = 1;            // micro-batches per optimizer step
+    bool fused_backward = false;         // update each parameter inside the backward pass
+    double max_grad_norm = 0;            // global-norm clipping; 0 = off
+    bool loss_scaling = false;           // dynamic loss scaling (on by default for fp16)
+    int64_t mark_steps = 2;              // steps whose phases are marked in the memory log
+    bool keep_gradients = false;         // leave .grad after the step, for inspection (not fused)
+    FlowMatchingConfig flow;
+};
+
+struct StepResult {
+    int64_t step = 0;      // optimizer steps taken or skipped so far, this one included
+    double loss = 0;       // mean of the micro-batch losses
+    double lr = 0;
+    double grad_norm = 0;  // before clipping; 0 when not computed (no clipping, fused)
+    bool skipped = false;  // the loss scaler found a non-finite gradient
+    double loss_scale = 1;
+};
+
+struct PhasePeak {
+    int64_t tensor_bytes = 0;  // counted CPU bytes, or CUDA allocator bytes on a GPU
+    int64_t rss_bytes = 0;
+};
+
+// c10::OutOfMemoryError (a CUDA allocation, or the CPU byte budget) or sf::Error kOutOfMemory.
+bool is_out_of_memory(const std::exception& e);
+
+class TrainStep {
+public:
+    // `trainable`: name -> parameter of `model` to update (all of them for full fine-tuning, the
+    // adapters for LoRA). Validates the options: kInvalidArgument naming the flag, e.g. for the
+    // fused backward pass together with global-norm clipping or fp16 loss scaling, which need
+    // every gradient before the first update.
+    TrainStep(model::SanaTransformer model, std::vector<std::pair<std::string, at::Tensor>> trainable,
+              AdamWOptions adamw, LRSchedule schedule, TrainStepOptions options, c10::Device device);
+    ~TrainStep();
+    TrainStep(const TrainStep&) = delete;
+    TrainStep& operator=(const TrainStep&) = delete;
+
+    // One optimizer step over options.accumulation micro-batches, load(k) giving the k-th.
+    StepResult step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen);
+
+    int64_t steps_done() const { return step_; }
+    void set_steps_done(int64_t step) { step_ = step; }
+    AdamW& optimizer() { return *adamw_; }
+    LossScaler& scaler() { return scaler_; }
+    const TrainStepOptions& options() const { return options_; }
+    model::SanaTransformer& model() { return model_; }
+
+    // phase ("data", "forward", "backward", "optimizer") -> its peak over every step so far.
+    const std::map<std::string, PhasePeak>& phase_peaks() const { return peaks_; }
+    std::string phase_table() const;
+
+private:
+    class FusedUpdate;
+    void begin_phase();
+    void end_phase(const std::string& phase);
+    [[noreturn]] void out_of_memory(const std::string& phase, const std::string& what);
+    std::string remedies_for(const std::string& phase) const;
+
+    model::SanaTransformer model_;
+    std::vector<at::Tensor> params_;
+    std::unique_ptr<AdamW> adamw_;
+    LRSchedule schedule_;
+    TrainStepOptions options_;
+    c10::Device device_;
+    c10::ScalarType autocast_dtype_ = c10::kFloat;  // from options_.mixed_precision
+    LossScaler scaler_;
+    std::unique_ptr<FusedUpdate> fused_;
+    int64_t step_ = 0;
+    std::map<std::string, PhasePeak> peaks_;
+};
+
+}  // namespace sf::train
