@@ -3,12 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <any>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
-#include <any>
-#include <cstdint>
 #include <memory>
 #include <utility>
 
@@ -44,6 +45,20 @@ inline LinearPipeline::SourceFn count_to(int64_t n) {
 }
 
 inline int64_t as_int(const std::any& item) { return std::any_cast<int64_t>(item); }
+
+// The high-water mark of a counter that several threads move: a test's own count of the items in
+// flight, to check the runtime's bound against.
+struct InFlight {
+    std::atomic<int> now{0};
+    std::atomic<int> max{0};
+    void enter() {
+        const int n = ++now;
+        int seen = max.load();
+        while (n > seen && !max.compare_exchange_weak(seen, n)) {
+        }
+    }
+    void leave() { --now; }
+};
 
 inline ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
 
