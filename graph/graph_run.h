@@ -4,10 +4,12 @@
 //
 // Shape:  tokens -> [source] -> [stage] -> ... -> [sink] -> tokens
 //
-// and with an expand stage, a second pool between it and the sink:
+// and with an expand stage, a second pool from it to the sink and back:
 //
-//     tokens -> [source] -> ... -> [expand] -> ... -> [sink]
-//                                   ^ output tokens <--+
+//     tokens -> [source] -> ... -> [expand] -> ... -> [sink] -> output tokens -> [expand]
+//
+// where a source item's token goes back to the source from the expand stage when its expansion
+// ends (from the sink, for an item rejected or dropped before then).
 //
 // The token pool is the source node's own input queue: the source is a serial node whose input is
 // a token, so it runs (and produces one item) only when a token is free. The item carries its
@@ -32,7 +34,9 @@
 // that takes it to 0 pokes the parking nodes, and a batch stage then runs its partial batch. The
 // same rule flushes the last partial batch at the end of input (all tokens retire) and releases
 // everything parked after a cancellation. A body's own parks take effect when it returns (see
-// Parking), so no other node ever sees a 0 that lasts only while a body moves tokens.
+// Parking), so no other node ever sees a 0 that lasts only while a body moves tokens. Free output
+// tokens count as parked: the expand stage keeps one only when it cannot use it, e.g. while the
+// next item sits alone in a batch stage before it, and counting it active would hide that stall.
 //
 // Cancellation. No exception ever escapes a node body into TBB: bodies catch, record the first
 // fatal exception, set the cancel token, and mark the item dropped. The source retires tokens

@@ -522,17 +522,19 @@ TEST(LinearPipelineExpand, CancelDuringAnExpansionStopsItWithoutAnError) {
 }
 
 // Parking nodes before and after the expand stage hold tokens the others wait for; the run still
-// ends, with every output.
+// ends, with every output. With 4 tokens: item 0 is slow, so items 1..3 fill the arrival-order
+// batch and wait at the expand stage for item 0, which then sits alone in the batch with no source
+// token left to fill it, while the expand stage holds every output token, free. Only the stall
+// rule moves it, so the free tokens must count as parked.
 TEST(LinearPipelineExpand, BatchStagesAroundTheExpandStageDoNotStall) {
     const std::vector<int64_t> counts = {3, 0, 5, 1, 7, 0, 2, 4, 0, 6};
-    for (int tokens : {3, 4, 6}) {
+    for (int tokens : {3, 4, 5, 6}) {
         std::vector<IndexSub> written;
         LinearPipeline pipeline("parked", tokens);
         pipeline.source("clips", items_with_counts(counts))
             .parallel("probe", 3,
                       [](std::any&& x) -> std::any {
-                          // Early items take longest, so they reach the batch last.
-                          jitter(0, 10 - current_item()->index, -1, 500);
+                          if (current_item()->index % 4 == 0) std::this_thread::sleep_for(3ms);
                           return std::move(x);
                       })
             .serial_batched("group", 3, [](std::vector<std::any>&& xs) { return std::move(xs); })

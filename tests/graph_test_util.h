@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <any>
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "graph/pipeline.h"
@@ -32,6 +34,14 @@ auto with_watchdog(std::chrono::milliseconds limit, Fn fn) -> decltype(fn()) {
         std::_Exit(3);
     }
     return future.get();
+}
+
+// The CPUs this process may run on. TBB sizes its threads by the affinity mask (taskset), which
+// std::thread::hardware_concurrency() ignores.
+inline int usable_cpus() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::thread::hardware_concurrency());
 }
 
 // A source of the integers 0 .. n-1.
