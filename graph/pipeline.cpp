@@ -47,6 +47,15 @@ LinearPipeline& LinearPipeline::add_stage(Stage stage) {
                                    stage.batch_size, max_in_flight_));
         }
     }
+    if (stage.kind == Stage::Kind::kExpand) {
+        if (!stage.expand) throw fail("empty expand function");
+        for (const Stage& other : stages_) {
+            if (other.kind == Stage::Kind::kExpand) {
+                throw fail(fmt::format("a pipeline has at most one expand stage, and {} is one",
+                                       other.name));
+            }
+        }
+    }
     if (stage.kind == Stage::Kind::kSink && !stage.sink) throw fail("empty sink function");
     stages_.push_back(std::move(stage));
     return *this;
@@ -84,13 +93,22 @@ LinearPipeline& LinearPipeline::serial(std::string name, StageFn fn) {
     return add_stage(std::move(stage));
 }
 
-LinearPipeline& LinearPipeline::serial_batched(std::string name, int batch_size, BatchFn fn, ItemOrder order) {
+LinearPipeline& LinearPipeline::serial_batched(std::string name, int batch_size, BatchFn fn,
+                                               ItemOrder order) {
     Stage stage;
     stage.kind = Stage::Kind::kBatched;
     stage.name = std::move(name);
     stage.batch_size = batch_size;
     stage.batch = std::move(fn);
     stage.order = order;
+    return add_stage(std::move(stage));
+}
+
+LinearPipeline& LinearPipeline::expand(std::string name, ExpandFn fn) {
+    Stage stage;
+    stage.kind = Stage::Kind::kExpand;
+    stage.name = std::move(name);
+    stage.expand = std::move(fn);
     return add_stage(std::move(stage));
 }
 
@@ -113,9 +131,40 @@ LinearPipeline& LinearPipeline::progress(ProgressOptions options) {
     return *this;
 }
 
+LinearPipeline& LinearPipeline::holds_device_lease(int device) {
+    if (stages_.empty()) {
+        throw Error::InvalidArgument(fmt::format(
+            "pipeline {}: holds_device_lease() names the last declared stage; there is none",
+            name_));
+    }
+    Stage& stage = stages_.back();
+    auto fail = [&](const std::string& why) {
+        return Error::InvalidArgument(
+            fmt::format("pipeline {}: stage {}: {}", name_, stage.name, why));
+    };
+    if (device < 0) throw fail(fmt::format("device lease of device {}: no such device", device));
+    // The lease is one token per device: several bodies of one stage would only wait for each
+    // other, each holding a worker thread while it waits.
+    if (stage.kind == Stage::Kind::kParallel && stage.concurrency > 1) {
+        throw fail(
+            fmt::format("runs {} bodies at once, so it cannot hold the device lease; "
+                        "declare it serial",
+                        stage.concurrency));
+    }
+    stage.device_lease = device;
+    return *this;
+}
+
 std::string LinearPipeline::plan() const {
+    const char* plural = max_in_flight_ == 1 ? "" : "s";
     std::string text = fmt::format("pipeline {}: at most {} item{} in flight (token pool)", name_,
-                                   max_in_flight_, max_in_flight_ == 1 ? "" : "s");
+                                   max_in_flight_, plural);
+    for (const Stage& stage : stages_) {
+        if (stage.kind == Stage::Kind::kExpand) {
+            text += fmt::format(", and {} output{} of {} (second pool)", max_in_flight_, plural,
+                                stage.name);
+        }
+    }
     for (const Stage& stage : stages_) {
         const char* kind = "";
         std::string detail;
@@ -137,10 +186,20 @@ std::string LinearPipeline::plan() const {
                 detail = fmt::format("x1, batch {}{}", stage.batch_size,
                                      stage.order == ItemOrder::kSource ? ", source order" : "");
                 break;
+            case Stage::Kind::kExpand:
+                kind = "expand";
+                detail = fmt::format("x1, source order, outputs take the second pool ({} tokens)",
+                                     max_in_flight_);
+                break;
             case Stage::Kind::kSink:
                 kind = "sink";
                 detail = stage.order == SinkOrder::kSource ? "x1, source order" : "x1";
                 break;
+        }
+        if (stage.device_lease == 0) {
+            detail += ", holds the device lease";
+        } else if (stage.device_lease > 0) {
+            detail += fmt::format(", holds the device lease of device {}", stage.device_lease);
         }
         text += fmt::format("\n  {:<9}{:<20} {}", kind, stage.name, detail);
     }

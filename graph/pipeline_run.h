@@ -1,5 +1,5 @@
 // Internal to graph/: the declared stages of a LinearPipeline and the entry point of the flow-graph
-// runtime, which is the only translation unit that includes TBB.
+// runtime (graph_run.h, the only header that includes TBB).
 #pragma once
 
 #include <string>
@@ -10,7 +10,7 @@
 namespace sf::graph {
 
 struct LinearPipeline::Stage {
-    enum class Kind { kSource, kParallel, kSerial, kBatched, kSink };
+    enum class Kind { kSource, kParallel, kSerial, kBatched, kExpand, kSink };
     Kind kind = Kind::kSerial;
     std::string name;
     int concurrency = 1;
@@ -18,8 +18,10 @@ struct LinearPipeline::Stage {
     SourceFn source;
     StageFn fn;
     BatchFn batch;
+    ExpandFn expand;
     SinkFn sink;
     SinkOrder order = SinkOrder::kArrival;
+    int device_lease = -1;  // the device whose lease the bodies hold, for the plan; -1: none
 };
 
 namespace detail {

@@ -19,21 +19,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::as_int;
 using testing::count_to;
+using testing::InFlight;
 using testing::quiet;
 using testing::with_watchdog;
-
-// The high-water mark of a counter that several threads move.
-struct InFlight {
-    std::atomic<int> now{0};
-    std::atomic<int> max{0};
-    void enter() {
-        const int n = ++now;
-        int seen = max.load();
-        while (n > seen && !max.compare_exchange_weak(seen, n)) {
-        }
-    }
-    void leave() { --now; }
-};
 
 TEST(LinearPipeline, EveryItemArrivesExactlyOnceTransformedByEachStage) {
     constexpr int64_t kItems = 500;

@@ -2,14 +2,17 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <any>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
-#include <any>
-#include <cstdint>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "graph/pipeline.h"
@@ -33,6 +36,14 @@ auto with_watchdog(std::chrono::milliseconds limit, Fn fn) -> decltype(fn()) {
     return future.get();
 }
 
+// The CPUs this process may run on. TBB sizes its threads by the affinity mask (taskset), which
+// std::thread::hardware_concurrency() ignores.
+inline int usable_cpus() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 // A source of the integers 0 .. n-1.
 inline LinearPipeline::SourceFn count_to(int64_t n) {
     auto next = std::make_shared<int64_t>(0);
@@ -44,6 +55,20 @@ inline LinearPipeline::SourceFn count_to(int64_t n) {
 }
 
 inline int64_t as_int(const std::any& item) { return std::any_cast<int64_t>(item); }
+
+// The high-water mark of a counter that several threads move: a test's own count of the items in
+// flight, to check the runtime's bound against.
+struct InFlight {
+    std::atomic<int> now{0};
+    std::atomic<int> max{0};
+    void enter() {
+        const int n = ++now;
+        int seen = max.load();
+        while (n > seen && !max.compare_exchange_weak(seen, n)) {
+        }
+    }
+    void leave() { --now; }
+};
 
 inline ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
 
