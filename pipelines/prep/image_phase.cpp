@@ -129,7 +129,8 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
         });
     if (need_vae) {
         // Batches cut in source order, so the latents' bytes do not depend on timing.
-        pipeline.serial_batched("encode_vae", vae_batch, encode_batch, graph::ItemOrder::kSource);
+        pipeline.serial_batched("encode_vae", vae_batch, encode_batch, graph::ItemOrder::kSource)
+            .holds_device_lease();
     }
     pipeline
         .sink("write",
