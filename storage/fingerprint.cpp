@@ -37,7 +37,8 @@ std::string fingerprint_hash(const Fingerprint& fingerprint) {
     return xxh3_128_hex(fingerprint_to_json(fingerprint));
 }
 
-std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Fingerprint& wanted) {
+std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Fingerprint& wanted,
+                                          const std::string& stored_by) {
     auto value_or_none = [](const Fingerprint& f, const std::string& key) -> std::string {
         auto it = f.find(key);
         return it == f.end() ? "nothing" : it->second;
@@ -51,7 +52,7 @@ std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Finge
         auto b = wanted.find(key);
         bool same = a != stored.end() && b != wanted.end() && a->second == b->second;
         if (!same) {
-            lines.push_back(key + ": cache has " + value_or_none(stored, key) + ", run wants " +
+            lines.push_back(key + ": " + stored_by + " has " + value_or_none(stored, key) + ", run wants " +
                             value_or_none(wanted, key));
         }
     }

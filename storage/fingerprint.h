@@ -20,8 +20,10 @@ Fingerprint fingerprint_from_json(std::string_view json, const std::string& wher
 // 32 hex characters; goes into each record's metadata so a record names the run that made it.
 std::string fingerprint_hash(const Fingerprint& fingerprint);
 
-// One line per differing field, "field: cache has X, run wants Y"; empty when they are equal.
-std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Fingerprint& wanted);
+// One line per differing field, "field: cache has X, run wants Y" (`stored_by` names who has
+// the stored side: the cache, a checkpoint); empty when they are equal.
+std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Fingerprint& wanted,
+                                          const std::string& stored_by = "cache");
 
 // Throws kInvalidArgument listing each differing field, and saying that --rebuild rebuilds the
 // stage. `stage` and `where` (the cache directory) name them in the message.

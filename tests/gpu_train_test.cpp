@@ -36,7 +36,7 @@ int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
-    sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
+    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
     const auto b = batch(grid);
     at::Generator gen = at::detail::createCPUGenerator(0);
     const int64_t micro = b.latents.size(0) / o.accumulation;
@@ -72,7 +72,7 @@ TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
         torch::manual_seed(1);
         SanaTransformer model(config());
         model->to(device);
-        sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
         const auto b = batch(16);
         at::Generator gen = at::detail::createCPUGenerator(0);
         losses[i] = step.step([&](int64_t) { return b; }, gen).loss;

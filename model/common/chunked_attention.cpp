@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/shape.h"
 #include "core/torch_compat.h"
 
 namespace sf::model {
@@ -19,10 +20,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-std::string shape_of(const at::Tensor& t) {
-    return t.defined() ? fmt::format("[{}]", fmt::join(t.sizes(), ", ")) : "(none)";
-}
 
 [[noreturn]] void bad(const std::string& what) {
     throw Error::InvalidArgument("chunked_attention: " + what);
@@ -36,14 +33,14 @@ at::Tensor checked_bias(const at::Tensor& q, const at::Tensor& k, const at::Tens
         bad(
             fmt::format("q, k, v must be 4-D [B, H, N, d], [B, H, L, d], [B, H, L, d]; got {}, "
                         "{}, {}",
-                        shape_of(q), shape_of(k), shape_of(v)));
+                        shape_string(q), shape_string(k), shape_string(v)));
     }
     if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) ||
         v.size(1) != q.size(1) || k.size(3) != q.size(3) || v.size(2) != k.size(2)) {
         bad(
             fmt::format("mismatched shapes q {}, k {}, v {} (want [B, H, N, d], [B, H, L, d], "
                         "[B, H, L, dv])",
-                        shape_of(q), shape_of(k), shape_of(v)));
+                        shape_string(q), shape_string(k), shape_string(v)));
     }
     if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() ||
         k.device() != q.device() || v.device() != q.device()) {
@@ -52,12 +49,12 @@ at::Tensor checked_bias(const at::Tensor& q, const at::Tensor& k, const at::Tens
     if (!bias.defined()) return bias;
     const int64_t batch = q.size(0), keys = k.size(2);
     std::vector<int64_t> sizes(bias.sizes().begin(), bias.sizes().end());
-    if (sizes.size() > 4) bad(fmt::format("bias {} has more than 4 dimensions", shape_of(bias)));
+    if (sizes.size() > 4) bad(fmt::format("bias {} has more than 4 dimensions", shape_string(bias)));
     sizes.insert(sizes.begin(), 4 - sizes.size(), 1);
     if ((sizes[0] != 1 && sizes[0] != batch) || sizes[1] != 1 || sizes[2] != 1 ||
         (sizes[3] != 1 && sizes[3] != keys)) {
         bad(fmt::format("bias {} does not broadcast to [{}, 1, 1, {}] (a per-key mask)",
-                        shape_of(bias), batch, keys));
+                        shape_string(bias), batch, keys));
     }
     return bias.view(sizes);
 }

@@ -33,6 +33,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/shape.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 

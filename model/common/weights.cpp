@@ -8,15 +8,12 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/shape.h"
 #include "model/common/load_report.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 
 namespace sf::model {
-
-std::string shape_string(at::IntArrayRef shape) {
-    return fmt::format("[{}]", fmt::join(shape, ", "));
-}
 
 void append_list(std::string& out, const char* what, const std::vector<std::string>& items) {
     constexpr size_t kMaxListed = 40;  // names per kind; the count is always given

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/shape.h"
 #include "storage/safetensors_file.h"
 
 namespace sf::model {
@@ -39,7 +40,7 @@ void check_nchw(const torch::Tensor& x, int64_t channels, int64_t multiple, cons
         x.size(3) % multiple != 0) {
         throw Error::InvalidArgument(fmt::format(
             "AutoencoderDC {}: expected [B, {}, H, W] with H and W multiples of {}, got {}", what,
-            channels, multiple, fmt::join(x.sizes(), "x")));
+            channels, multiple, shape_string(x)));
     }
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/shape.h"
 #include "model/common/offload.h"
 #include "storage/safetensors_file.h"
 
@@ -75,10 +76,6 @@ std::string get_string(const json& j, const char* key, const std::string& fallba
     const json& v = j.at(key);
     if (!v.is_string()) bad_key(source, key, "a string", v);
     return v.get<std::string>();
-}
-
-std::string shape_string(at::IntArrayRef shape) {
-    return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 double lowest_value(at::ScalarType dtype) {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/shape.h"
 #include "model/common/checkpoint.h"
 
 namespace sf::model {
@@ -14,13 +15,9 @@ namespace {
 
 namespace nn = torch::nn;
 
-std::string shape_of(const at::Tensor& t) {
-    return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
-}
-
 [[noreturn]] void bad_input(const char* name, const at::Tensor& t, const std::string& want) {
     throw Error::InvalidArgument(fmt::format("SanaTransformer: {} has shape {}, expected {}", name,
-                                             t.defined() ? shape_of(t) : "(none)", want));
+                                             t.defined() ? shape_string(t) : "(none)", want));
 }
 
 const SanaTransformerConfig& validated(const SanaTransformerConfig& c) {
@@ -157,6 +154,12 @@ void SanaTransformerImpl::set_gradient_checkpointing(int64_t every) {
             every));
     }
     checkpoint_every_ = every;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> SanaTransformerImpl::blocks() {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (auto& block : blocks_) out.push_back(block.ptr());
+    return out;
 }
 
 void SanaTransformerImpl::set_attention(AttentionKernel kernel, int64_t chunk) {

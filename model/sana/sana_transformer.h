@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/common/diffusion_transformer.h"
 #include "model/sana/sana_blocks.h"
 #include "model/sana/sana_config.h"
 
@@ -29,7 +30,7 @@ struct SanaBlockInputs {
     int64_t height = 0, width = 0;  // the patch grid, h x w
 };
 
-class SanaTransformerImpl : public torch::nn::Module {
+class SanaTransformerImpl : public torch::nn::Module, public DiffusionTransformer {
 public:
     // Validates the config (sf::Error kInvalidArgument naming the field). Weights are initialised
     // as upstream's constructor does; load_weights() replaces them.
@@ -42,7 +43,7 @@ public:
     // -> [B, out_channels, H, W]. A bad shape is sf::Error kInvalidArgument naming the input.
     at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                        const at::Tensor& timestep,
-                       const at::Tensor& encoder_attention_mask = at::Tensor());
+                       const at::Tensor& encoder_attention_mask = at::Tensor()) override;
 
     // forward() in three steps, for callers that run the blocks themselves (gradient
     // checkpointing, block swapping): embed, every block in order, then unembed.
@@ -56,16 +57,23 @@ public:
     // default), 1 every block, k the blocks whose index is a multiple of k. A checkpointed block
     // keeps only its inputs and runs again in backward (model/checkpoint.h). Negative is
     // sf::Error kInvalidArgument.
-    void set_gradient_checkpointing(int64_t every);
+    void set_gradient_checkpointing(int64_t every) override;
     int64_t gradient_checkpointing() const { return checkpoint_every_; }
 
     // The cross-attention kernel of every block (model/chunked_attention.h); kDense by default.
     // `chunk` (query rows per chunk, at least 1) is used by kChunked, and by kFused where the
     // LibTorch has no fused attention. chunk < 1 is sf::Error kInvalidArgument.
-    void set_attention(AttentionKernel kernel, int64_t chunk = 1024);
+    void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
 
     const SanaTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }
+
+    // DiffusionTransformer.
+    torch::nn::Module& module() override { return *this; }
+    std::vector<std::shared_ptr<torch::nn::Module>> blocks() override;
+    int64_t latent_rank() const override { return 4; }
+    std::string class_name() const override { return "SanaTransformer2DModel"; }
+    std::string config_json() const override { return config_.to_json(); }
 
     // Registered under upstream's names.
     SanaPatchEmbed patch_embed{nullptr};

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "core/check.h"
 #include "core/error.h"
@@ -30,67 +31,94 @@ void seeded_shuffle(std::vector<T>& v, std::mt19937_64& rng) {
 
 }  // namespace
 
-TrainingSet TrainingSet::open(const storage::Cache& cache) {
-    storage::Cache c = cache;
-    for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
-        if (!c.find_db(db)) {
-            throw Error::NotFound(fmt::format("cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
-        }
-    }
-    TrainingSet set;
-    set.cache_ = std::make_shared<storage::Cache>(c);
-    const storage::CacheSnapshot samples = storage::CacheReader(c, schema::kSamplesDb).snapshot();
-    const storage::CacheSnapshot latents = storage::CacheReader(c, schema::kLatentsDb).snapshot();
-    const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
+TrainingSet TrainingSet::open(const storage::Cache& cache) { return open(std::vector<storage::Cache>{cache}); }
 
-    std::vector<std::string> keys;
-    if (auto manifest = storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
-        keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
-    } else {
-        log_warn("train: cache {} has no manifest (prep before this version?): training on every sample record", c.dir());
-        samples.for_each([&](std::string_view key, std::string_view) { keys.emplace_back(key); });
-    }
-    int64_t incomplete = 0;
-    for (const auto& key : keys) {
-        auto record = samples.get(key);
-        if (!record) {
-            ++incomplete;
-            continue;
+TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
+    SF_CHECK(!shards.empty(), "a training set of no cache");
+    TrainingSet set;
+    std::set<std::string> seen;  // a sample in two shards (prep run twice) is trained on once
+    int64_t listed = 0, incomplete = 0;
+    for (size_t shard = 0; shard < shards.size(); ++shard) {
+        storage::Cache c = shards[shard];
+        for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
+            if (!c.find_db(db)) {
+                throw Error::NotFound(
+                    fmt::format("cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
+            }
         }
-        const auto sample = schema::SampleRecord::from_record(*record, std::string(schema::kSamplesDb) + "/" + key);
-        TrainingSample s{key, sample.latent_key, sample.text_key, sample.bucket};
-        if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
-            ++incomplete;
-            continue;
+        set.shards_.push_back(std::make_shared<storage::Cache>(c));
+        const storage::CacheSnapshot samples = storage::CacheReader(c, schema::kSamplesDb).snapshot();
+        const storage::CacheSnapshot latents = storage::CacheReader(c, schema::kLatentsDb).snapshot();
+        const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
+
+        std::vector<std::string> keys;
+        if (auto manifest = storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
+            keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
+        } else {
+            log_warn("train: cache {} has no manifest (prep before this version?): training on every sample record",
+                     c.dir());
+            samples.for_each([&](std::string_view key, std::string_view) { keys.emplace_back(key); });
         }
-        set.buckets_[s.bucket].push_back(static_cast<int64_t>(set.samples_.size()));
-        set.samples_.push_back(std::move(s));
+        listed += static_cast<int64_t>(keys.size());
+        for (const auto& key : keys) {
+            auto record = samples.get(key);
+            if (!record) {
+                ++incomplete;
+                continue;
+            }
+            const auto sample =
+                schema::SampleRecord::from_record(*record, c.dir() + "/" + schema::kSamplesDb + "/" + key);
+            TrainingSample s{key, sample.latent_key, sample.text_key, sample.bucket, shard};
+            if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
+                ++incomplete;
+                continue;
+            }
+            if (!seen.insert(key).second) continue;
+            set.buckets_[s.bucket].push_back(static_cast<int64_t>(set.samples_.size()));
+            set.samples_.push_back(std::move(s));
+        }
+        if (!set.empty_prompt_.defined()) {
+            if (auto empty = texts.get(schema::kEmptyPromptKey)) {
+                set.empty_prompt_ = tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
+            }
+        }
     }
     if (incomplete > 0) {
         log_warn("train: {} of {} samples lack a latent or text record and are left out (rerun prep to complete them)",
-                 incomplete, keys.size());
+                 incomplete, listed);
     }
     if (set.samples_.empty()) {
-        throw Error::InvalidArgument(fmt::format("cache {}: no sample with both a latent and a text record", c.dir()));
+        throw Error::InvalidArgument(
+            fmt::format("cache {}: no sample with both a latent and a text record", shards.front().dir()));
     }
     const TrainingSample& first = set.samples_.front();
-    set.latent_channels_ = tensor_of(*latents.get(first.latent_key), schema::kLatent, first.latent_key).size(0);
-    set.text_hidden_ = tensor_of(*texts.get(first.text_key), schema::kPromptEmbeds, first.text_key).size(1);
-    if (auto empty = texts.get(schema::kEmptyPromptKey)) {
-        set.empty_prompt_ = tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
-    }
+    const storage::Cache& c = *set.shards_[first.shard];
+    set.latent_channels_ = tensor_of(*storage::CacheReader(c, schema::kLatentsDb).get(first.latent_key),
+                                     schema::kLatent, first.latent_key)
+                               .size(0);
+    set.text_hidden_ = tensor_of(*storage::CacheReader(c, schema::kTextDb).get(first.text_key),
+                                 schema::kPromptEmbeds, first.text_key)
+                           .size(1);
     return set;
 }
 
 TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double caption_dropout, at::Generator& gen) const {
     SF_CHECK(!indices.empty(), "an empty batch");
-    const storage::CacheSnapshot latents = storage::CacheReader(*cache_, schema::kLatentsDb).snapshot();
-    const storage::CacheSnapshot texts = storage::CacheReader(*cache_, schema::kTextDb).snapshot();
+    // One read snapshot of each shard the batch touches.
+    std::map<size_t, std::pair<storage::CacheSnapshot, storage::CacheSnapshot>> snapshots;
     std::vector<at::Tensor> lat, txt;
     for (int64_t i : indices) {
         const TrainingSample& s = samples_.at(static_cast<size_t>(i));
-        auto l = latents.get(s.latent_key);
-        auto t = texts.get(s.text_key);
+        auto it = snapshots.find(s.shard);
+        if (it == snapshots.end()) {
+            const storage::Cache& shard = *shards_.at(s.shard);
+            it = snapshots
+                     .emplace(s.shard, std::make_pair(storage::CacheReader(shard, schema::kLatentsDb).snapshot(),
+                                                      storage::CacheReader(shard, schema::kTextDb).snapshot()))
+                     .first;
+        }
+        auto l = it->second.first.get(s.latent_key);
+        auto t = it->second.second.get(s.text_key);
         if (!l || !t) throw Error::NotFound(fmt::format("sample {}: its latent or text record vanished", s.sample_key));
         lat.push_back(tensor_of(*l, schema::kLatent, std::string(schema::kLatentsDb) + "/" + s.latent_key).to(at::kFloat));
         txt.push_back(tensor_of(*t, schema::kPromptEmbeds, std::string(schema::kTextDb) + "/" + s.text_key).to(at::kFloat));

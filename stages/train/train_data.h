@@ -27,6 +27,7 @@ using storage::schema::Bucket;
 struct TrainingSample {
     std::string sample_key, latent_key, text_key;
     Bucket bucket;
+    size_t shard = 0;  // the cache it is in, an index into the shards open() was given
 };
 
 struct TrainingBatch {
@@ -41,6 +42,10 @@ public:
     // kNotFound when the cache has no samples, latents or text db; kInvalidArgument when no
     // sample is complete.
     static TrainingSet open(const storage::Cache& cache);
+    // The samples of several caches (the shards that data-parallel prep writes, one per rank),
+    // in shard order; a sample found in two shards is taken once. Each sample's latent and text
+    // records are read from its own shard.
+    static TrainingSet open(const std::vector<storage::Cache>& shards);
 
     const std::vector<TrainingSample>& samples() const { return samples_; }
     // bucket -> indices into samples(), buckets in name order.
@@ -56,7 +61,7 @@ public:
 
 private:
     TrainingSet() = default;
-    std::shared_ptr<storage::Cache> cache_;
+    std::vector<std::shared_ptr<storage::Cache>> shards_;
     std::vector<TrainingSample> samples_;
     std::map<Bucket, std::vector<int64_t>> buckets_;
     int64_t latent_channels_ = 0, text_hidden_ = 0;

@@ -143,15 +143,4 @@ TrainState load_checkpoint(const std::string& dir) {
     return s;
 }
 
-std::vector<std::string> settings_diff(const std::map<std::string, std::string>& saved,
-                                       const std::map<std::string, std::string>& wanted) {
-    std::vector<std::string> out;
-    for (const auto& [key, value] : wanted) {
-        auto it = saved.find(key);
-        const std::string before = it == saved.end() ? "(absent)" : it->second;
-        if (before != value) out.push_back(fmt::format("{}: {} -> {}", key, before, value));
-    }
-    return out;
-}
-
 }  // namespace sf::train

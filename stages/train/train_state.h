@@ -43,9 +43,4 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir);
 // Reads a checkpoint directory; kNotFound / kCorruption naming the file at fault.
 TrainState load_checkpoint(const std::string& dir);
 
-// The settings of `saved` that differ from `wanted`, as "key: saved -> wanted" lines; empty when
-// they agree.
-std::vector<std::string> settings_diff(const std::map<std::string, std::string>& saved,
-                                       const std::map<std::string, std::string>& wanted);
-
 }  // namespace sf::train

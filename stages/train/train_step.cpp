@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/shape.h"
 #include "core/log.h"
 #include "core/memory.h"
 #include "model/common/autocast.h"
@@ -60,7 +61,7 @@ bool is_out_of_memory(const std::exception& e) {
 // its accumulator only weakly, and a new one would have no hook).
 class TrainStep::FusedUpdate {
 public:
-    FusedUpdate(AdamW& adamw) : adamw_(adamw) {
+    FusedUpdate(AdamW& adamw, GradientSync& sync) : adamw_(adamw), sync_(sync) {
         for (size_t i = 0; i < adamw.size(); ++i) {
             auto accumulator = torch::autograd::impl::grad_accumulator(adamw.param(i));
             SF_CHECK(accumulator != nullptr, "a trainable parameter without a gradient accumulator");
@@ -92,6 +93,7 @@ private:
         torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                                   const torch::autograd::variable_list&) override {
             if (owner->armed_) {
+                owner->sync_.reduce_one(index, owner->adamw_.param(index));
                 owner->adamw_.step_one(index, owner->lr_);
                 owner->adamw_.drop_grad(index);
             }
@@ -101,15 +103,19 @@ private:
         size_t index;
     };
     AdamW& adamw_;
+    GradientSync& sync_;
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
     std::vector<Hook*> hooks_;
     bool armed_ = false;
     double lr_ = 0;
 };
 
-TrainStep::TrainStep(model::SanaTransformer model, std::vector<std::pair<std::string, at::Tensor>> trainable,
-                     AdamWOptions adamw, LRSchedule schedule, TrainStepOptions options, c10::Device device)
+TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
+                     std::vector<std::pair<std::string, at::Tensor>> trainable, AdamWOptions adamw,
+                     LRSchedule schedule, TrainStepOptions options, c10::Device device,
+                     std::shared_ptr<GradientSync> sync)
     : model_(std::move(model)),
+      sync_(sync ? std::move(sync) : std::make_shared<GradientSync>()),
       schedule_(std::move(schedule)),
       options_(std::move(options)),
       device_(device),
@@ -130,8 +136,8 @@ TrainStep::TrainStep(model::SanaTransformer model, std::vector<std::pair<std::st
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
     model_->set_gradient_checkpointing(options_.gradient_checkpointing);
     model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
-    model_->train();
-    if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_);
+    model_->module().train();
+    if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
 }
 
 TrainStep::~TrainStep() = default;
@@ -185,6 +191,11 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             phase = "data";
             begin_phase();
             MicroBatch mb = load(k);
+            if (mb.latents.dim() != model_->latent_rank()) {
+                throw Error::InvalidArgument(fmt::format(
+                    "{} takes latents of rank {} ([B, C, h, w] images or [B, C, f, h, w] video), the batch has {}",
+                    model_->class_name(), model_->latent_rank(), shape_string(mb.latents)));
+            }
             mb.latents = mb.latents.to(device_, at::kFloat);
             mb.prompt_embeds = mb.prompt_embeds.to(device_, at::kFloat);
             if (mb.prompt_mask.defined()) mb.prompt_mask = mb.prompt_mask.to(device_);
@@ -198,6 +209,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                 model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
                 const at::Tensor prediction =
                     model_->forward(noised.noisy, mb.prompt_embeds, noised.timesteps, mb.prompt_mask);
+                SF_CHECK(prediction.sizes() == noised.target.sizes(), "the velocity's shape is not the latents'");
                 loss = flow_matching_loss(prediction, noised.target);
             }
             loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
@@ -217,6 +229,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
         phase = "optimizer";
         begin_phase();
         if (!fused_) {
+            sync_->reduce_all(params_);  // the data-parallel point: every rank's gradients alike
             const bool finite = scaler_.unscale(params_);
             if (finite && options_.max_grad_norm > 0) result.grad_norm = clip_grad_norm(params_, options_.max_grad_norm);
             if (finite) adamw_->step(result.lr);

@@ -1,10 +1,12 @@
-// One optimizer step of the Sana transformer, with every memory remedy as an option. The trainer
-// (pipelines/train) and the memory ablation benchmark both drive this class, so what the
-// benchmark measures is what training runs.
+// One optimizer step of a diffusion transformer (model/common/diffusion_transformer.h: the image
+// or the video one), with every memory remedy as an option. The trainer (pipelines/train) and the
+// memory ablation benchmark both drive this class, so what the benchmark measures is what
+// training runs.
 //
 // A step: for each of `accumulation` micro-batches, load it (phase "data"), noise it and run the
 // model under autocast (phase "forward"), backward the loss divided by `accumulation` (phase
-// "backward"); then unscale, check, clip and update (phase "optimizer"). With the fused backward
+// "backward"); then reduce across ranks (gradient_sync.h), unscale, check, clip and update (phase
+// "optimizer"). With the fused backward
 // pass each parameter is updated inside the last backward as soon as its gradient is complete,
 // and its gradient freed at once, so full gradients never coexist.
 //
@@ -25,14 +27,15 @@
 #include <string>
 #include <vector>
 
-#include "model/sana/sana_transformer.h"
+#include "model/common/diffusion_transformer.h"
 #include "stages/train/flow_matching.h"
+#include "stages/train/gradient_sync.h"
 #include "stages/train/optim.h"
 
 namespace sf::train {
 
 struct MicroBatch {
-    at::Tensor latents;        // [B, C, h, w] clean latents (scaled)
+    at::Tensor latents;        // [B, C, h, w] or [B, C, f, h, w] clean latents (normalised)
     at::Tensor prompt_embeds;  // [B, L, caption_channels]
     at::Tensor prompt_mask;    // [B, L], 1 for a token; may be undefined
 };
@@ -74,8 +77,11 @@ public:
     // adapters for LoRA). Validates the options: kInvalidArgument naming the flag, e.g. for the
     // fused backward pass together with global-norm clipping or fp16 loss scaling, which need
     // every gradient before the first update.
-    TrainStep(model::SanaTransformer model, std::vector<std::pair<std::string, at::Tensor>> trainable,
-              AdamWOptions adamw, LRSchedule schedule, TrainStepOptions options, c10::Device device);
+    // `sync`: the data-parallel reduction; null for one process.
+    TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
+              std::vector<std::pair<std::string, at::Tensor>> trainable, AdamWOptions adamw,
+              LRSchedule schedule, TrainStepOptions options, c10::Device device,
+              std::shared_ptr<GradientSync> sync = nullptr);
     ~TrainStep();
     TrainStep(const TrainStep&) = delete;
     TrainStep& operator=(const TrainStep&) = delete;
@@ -88,7 +94,8 @@ public:
     AdamW& optimizer() { return *adamw_; }
     LossScaler& scaler() { return scaler_; }
     const TrainStepOptions& options() const { return options_; }
-    model::SanaTransformer& model() { return model_; }
+    model::DiffusionTransformer& model() { return *model_; }
+    GradientSync& gradient_sync() { return *sync_; }
 
     // phase ("data", "forward", "backward", "optimizer") -> its peak over every step so far.
     const std::map<std::string, PhasePeak>& phase_peaks() const { return peaks_; }
@@ -101,7 +108,8 @@ private:
     [[noreturn]] void out_of_memory(const std::string& phase, const std::string& what);
     std::string remedies_for(const std::string& phase) const;
 
-    model::SanaTransformer model_;
+    std::shared_ptr<model::DiffusionTransformer> model_;
+    std::shared_ptr<GradientSync> sync_;
     std::vector<at::Tensor> params_;
     std::unique_ptr<AdamW> adamw_;
     LRSchedule schedule_;

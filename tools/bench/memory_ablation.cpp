@@ -135,7 +135,7 @@ int run_one(const Args& a) {
         sf::model::SanaTransformer model(config);
         model->to(device);
         const sf::train::TrainStepOptions o = options_for(a.variant, a.batch);
-        sf::train::TrainStep step(model, sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
         const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
         const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
         const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);

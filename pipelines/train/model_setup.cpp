@@ -1,0 +1,135 @@
+// The transformer a training run trains, and the settings and configuration it prints and keeps.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "model/common/lora.h"
+#include "model/common/weights.h"
+#include "model/sana/sana_transformer.h"
+#include "pipelines/train/train_setup.h"
+
+namespace sf::pipelines::training {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> split_csv(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        if (!item.empty()) out.push_back(item);
+    }
+    return out;
+}
+
+// The transformer directory of --pretrained_model_name_or_path: the root's transformer/, or the
+// directory itself when it holds config.json.
+std::string transformer_dir(const std::string& path) {
+    if (fs::exists(fs::path(path) / "transformer" / "config.json")) return (fs::path(path) / "transformer").string();
+    if (fs::exists(fs::path(path) / "config.json")) return path;
+    throw Error::NotFound(fmt::format("--pretrained_model_name_or_path {}: no transformer/config.json there", path));
+}
+
+model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSet& set, std::string& source) {
+    model::SanaTransformerConfig config;
+    if (!o.pretrained_model_name_or_path.empty()) {
+        source = transformer_dir(o.pretrained_model_name_or_path);
+        config = model::SanaTransformerConfig::from_json_file(source);
+    } else if (!o.transformer_config.empty()) {
+        source = o.transformer_config + " (seeded)";
+        config = model::SanaTransformerConfig::from_json_file(o.transformer_config);
+    } else {
+        // The demo's tiny model takes its widths from the cache, whatever tiny encoders made it.
+        source = "sana-tiny (seeded)";
+        config = model::SanaTransformerConfig::named("sana-tiny");
+        config.in_channels = config.out_channels = set.latent_channels();
+        config.caption_channels = set.text_hidden();
+    }
+    if (config.in_channels != set.latent_channels()) {
+        throw Error::InvalidArgument(fmt::format("the transformer takes {} latent channels, the cache {} holds {}",
+                                                 config.in_channels, o.cache_dir, set.latent_channels()));
+    }
+    if (config.caption_channels != set.text_hidden()) {
+        throw Error::InvalidArgument(fmt::format(
+            "the transformer takes {}-wide caption features, the cache {} holds {}-wide ones (another text encoder?)",
+            config.caption_channels, o.cache_dir, set.text_hidden()));
+    }
+    torch::manual_seed(o.seed);
+    model::SanaTransformer m(config);
+    if (!o.pretrained_model_name_or_path.empty()) model::load_weights(*m, source);
+    return m;
+}
+
+}  // namespace
+
+std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOptions& o, const train::TrainingSet& set,
+                                                               std::string& source) {
+    std::shared_ptr<model::DiffusionTransformer> transformer = build_sana(o, set, source).ptr();
+    if (o.rank > 0) {
+        model::LoRAConfig lora;
+        lora.rank = o.rank;
+        lora.alpha = o.lora_alpha > 0 ? o.lora_alpha : static_cast<double>(o.rank);
+        lora.targets = split_csv(o.lora_target_modules);
+        model::add_lora(transformer->module(), lora);
+        // The frozen base needs no fp32 master copy: kept in the autocast dtype it takes half the
+        // memory, and autocast would cast it to that dtype for every matmul anyway.
+        if (o.mixed_precision == "bf16") model::cast_frozen(transformer->module(), at::kBFloat16);
+    }
+    return transformer;
+}
+
+std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source) {
+    return {{"model", source},
+            {"seed", std::to_string(o.seed)},
+            {"mixed_precision", o.mixed_precision},
+            {"train_batch_size", std::to_string(o.train_batch_size)},
+            {"gradient_accumulation_steps", std::to_string(o.gradient_accumulation_steps)},
+            {"learning_rate", fmt::format("{}", o.learning_rate)},
+            {"lr_scheduler", o.lr_scheduler},
+            {"lr_warmup_steps", std::to_string(o.lr_warmup_steps)},
+            {"rank", std::to_string(o.rank)},
+            {"lora_alpha", fmt::format("{}", o.lora_alpha)},
+            {"lora_target_modules", o.lora_target_modules},
+            {"caption_dropout", fmt::format("{}", o.caption_dropout)},
+            {"flow_shift", fmt::format("{}", o.flow_shift)},
+            {"weighting_scheme", o.weighting_scheme}};
+}
+
+std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& model,
+                            const std::string& source, const train::TrainingSet& set,
+                            int64_t trainable_count, c10::Device device) {
+    int64_t total = 0;
+    for (const auto& p : model.module().parameters()) total += p.numel();
+    const std::vector<std::pair<std::string, std::string>> rows = {
+        {"model", fmt::format("{} from {}", model.class_name(), source)},
+        {"parameters", fmt::format("{} ({} blocks)", total, model.blocks().size())},
+        {"trainable", fmt::format("{} ({:.2f}%){}", trainable_count,
+                                  total > 0 ? 100.0 * static_cast<double>(trainable_count) / static_cast<double>(total) : 0.0,
+                                  o.rank > 0 ? fmt::format(", LoRA rank {} on {}", o.rank, o.lora_target_modules) : ", full fine-tune")},
+        {"data", fmt::format("{} samples in {} buckets from {}", set.samples().size(), set.buckets().size(), o.cache_dir)},
+        {"device", device.str()},
+        {"mixed_precision", o.mixed_precision + (o.allow_tf32 ? ", tf32" : "")},
+        {"batch", fmt::format("{} x {} accumulation = {} per step", o.train_batch_size, o.gradient_accumulation_steps,
+                              o.train_batch_size * o.gradient_accumulation_steps)},
+        {"steps", fmt::format("{} (checkpoint every {}, keep {})", o.max_train_steps, o.checkpointing_steps,
+                              o.checkpoints_total_limit > 0 ? std::to_string(o.checkpoints_total_limit) : "all")},
+        {"optimizer", fmt::format("AdamW lr {} weight decay {}, {} schedule, {} warmup steps, clip {}", o.learning_rate,
+                                  o.adam_weight_decay, o.lr_scheduler, o.lr_warmup_steps, o.max_grad_norm)},
+        {"objective", fmt::format("flow matching, {} timesteps, shift {}, caption dropout {}", o.weighting_scheme,
+                                  o.flow_shift, o.caption_dropout)},
+        {"remedies", fmt::format("checkpointing {}, attention {}, fused backward {}",
+                                 o.gradient_checkpointing > 0 ? fmt::format("every {}", o.gradient_checkpointing) : "off",
+                                 o.attention, o.fused_backward_pass ? "on" : "off")},
+        {"output", o.output_dir},
+    };
+    std::string out = "train: resolved configuration";
+    for (const auto& [key, value] : rows) out += fmt::format("\n  {:<16} {}", key, value);
+    return out;
+}
+
+}  // namespace sf::pipelines::training

@@ -1,0 +1,57 @@
+// What a training checkpoint captures of a run, and how a run resumes from one exactly: weights,
+// optimizer and scaler state, the sampler's position and both random generators.
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "storage/fingerprint.h"
+#include "pipelines/train/train_setup.h"
+
+namespace sf::pipelines::training {
+
+train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses) {
+    train::TrainState state;
+    state.step = run.step.steps_done();
+    const auto pos = run.sampler.position();
+    state.sampler_epoch = pos.epoch;
+    state.sampler_batch = pos.batch;
+    state.scaler = run.step.scaler().state();
+    state.settings = run.settings;
+    state.trainable = run.trainable;
+    state.optimizer = run.step.optimizer().state();
+    at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
+    state.rng["default"] = global.get_state();
+    state.rng["data"] = run.data_gen.get_state();
+    state.losses = losses;
+    return state;
+}
+
+std::vector<double> restore_state(const std::string& dir, const RunParts& run) {
+    train::TrainState state = train::load_checkpoint(dir);
+    const auto diff = storage::fingerprint_diff(state.settings, run.settings, "checkpoint");
+    if (!diff.empty()) {
+        throw Error::InvalidArgument(fmt::format(
+            "--resume_from_checkpoint {}: the checkpoint was made with other settings:\n  {}", dir,
+            fmt::join(diff, "\n  ")));
+    }
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> saved(state.trainable.begin(), state.trainable.end());
+    for (const auto& [name, p] : run.trainable) {
+        auto it = saved.find(name);
+        if (it == saved.end() || !it->second.sizes().equals(p.sizes())) {
+            throw Error::Corruption(fmt::format("{}: trainable tensor {} missing or misshaped", dir, name));
+        }
+        p.copy_(it->second);
+    }
+    run.step.optimizer().load_state(state.optimizer);
+    run.step.scaler().load_state(state.scaler);
+    run.step.set_steps_done(state.step);
+    run.sampler.seek({state.sampler_epoch, state.sampler_batch});
+    at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
+    global.set_state(state.rng.at("default"));
+    run.data_gen.set_state(state.rng.at("data"));
+    return state.losses;
+}
+
+}  // namespace sf::pipelines::training

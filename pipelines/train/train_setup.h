@@ -1,0 +1,51 @@
+// Internal to pipelines/train: what run_train sets up before its loop and what a checkpoint
+// captures and restores, each in its own file so that the loop in train.cpp reads top to bottom.
+#pragma once
+
+#include <ATen/core/Generator.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/common/diffusion_transformer.h"
+#include "pipelines/train/train.h"
+#include "stages/train/train_data.h"
+#include "stages/train/train_state.h"
+#include "stages/train/train_step.h"
+
+namespace sf::pipelines::training {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// model_setup.cpp: the transformer the options name (pretrained, a config.json with seeded
+// weights, or the built-in tiny one sized to the cache), checked against what the cache holds,
+// with LoRA adapters when --rank asks; `source` says where it came from.
+std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOptions& o,
+                                                               const train::TrainingSet& set,
+                                                               std::string& source);
+
+// The settings a checkpoint must share with this run for the resumed run to be the same run.
+std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source);
+
+// The resolved configuration, one "key  value" line each, printed when training starts.
+std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& model,
+                            const std::string& source, const train::TrainingSet& set,
+                            int64_t trainable_count, c10::Device device);
+
+// resume.cpp: the parts of a run that a checkpoint holds.
+struct RunParts {
+    train::TrainStep& step;
+    train::BucketSampler& sampler;
+    at::Generator& data_gen;  // noise, timesteps, caption dropout
+    const NamedTensors& trainable;
+    const std::map<std::string, std::string>& settings;
+};
+
+train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses);
+// Restores `run` from the checkpoint in `dir` and returns the losses so far. kInvalidArgument
+// naming each setting that differs; kCorruption for a trainable tensor missing or misshaped.
+std::vector<double> restore_state(const std::string& dir, const RunParts& run);
+
+}  // namespace sf::pipelines::training
