@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "storage/content_key.h"
+#include "storage/xxh3.h"
 
 namespace sf::storage {
 namespace {

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -10,58 +9,28 @@
 
 #include "core/error.h"
 #include "storage/atomic_file.h"
+#include "storage/xxh3.h"
 
 namespace sf::storage {
 namespace {
 
-struct StateDeleter {
-    void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
-};
-using StatePtr = std::unique_ptr<XXH3_state_t, StateDeleter>;
-
-StatePtr new_state() {
-    StatePtr s(XXH3_createState());
-    if (!s) throw Error::OutOfMemory("cannot allocate an XXH3 state");
-    XXH3_128bits_reset(s.get());
-    return s;
-}
-
-void update_u64(XXH3_state_t* s, uint64_t v) { XXH3_128bits_update(s, &v, sizeof(v)); }
-
 // Length-prefixed, so ("ab", "c") and ("a", "bc") never hash alike.
-void update_framed(XXH3_state_t* s, std::string_view bytes) {
-    update_u64(s, bytes.size());
-    XXH3_128bits_update(s, bytes.data(), bytes.size());
-}
-
-std::string hex_of(XXH128_hash_t hash) {
-    XXH128_canonical_t canonical;
-    XXH128_canonicalFromHash(&canonical, hash);
-    static const char kHex[] = "0123456789abcdef";
-    std::string out(32, '0');
-    for (int i = 0; i < 16; ++i) {
-        out[2 * i] = kHex[canonical.digest[i] >> 4];
-        out[2 * i + 1] = kHex[canonical.digest[i] & 15];
-    }
-    return out;
-}
+void update_framed(XXH3Hasher& h, std::string_view bytes) { h.update_u64(bytes.size()).update(bytes); }
 
 }  // namespace
 
 struct ContentKey::State {
-    StatePtr xxh;
+    XXH3Hasher xxh;
 };
 
-ContentKey::ContentKey() : state_(new State{new_state()}) {
-    update_framed(state_->xxh.get(), kContentKeyScheme);
-}
+ContentKey::ContentKey() : state_(new State{}) { update_framed(state_->xxh, kContentKeyScheme); }
 
 ContentKey::~ContentKey() = default;
 ContentKey::ContentKey(ContentKey&&) noexcept = default;
 ContentKey& ContentKey::operator=(ContentKey&&) noexcept = default;
 
 ContentKey& ContentKey::add_source(std::string_view bytes) {
-    XXH3_128bits_update(state_->xxh.get(), bytes.data(), bytes.size());
+    state_->xxh.update(bytes);
     source_size_ += bytes.size();
     return *this;
 }
@@ -84,16 +53,13 @@ ContentKey& ContentKey::add_param(const std::string& name, double value) {
 }
 
 std::string ContentKey::hex() const {
-    StatePtr s(XXH3_createState());
-    if (!s) throw Error::OutOfMemory("cannot allocate an XXH3 state");
-    XXH3_copyState(s.get(), state_->xxh.get());
-    update_u64(s.get(), source_size_);
-    update_u64(s.get(), params_.size());
+    XXH3Hasher h = state_->xxh.copy();
+    h.update_u64(source_size_).update_u64(params_.size());
     for (const auto& [name, value] : params_) {
-        update_framed(s.get(), name);
-        update_framed(s.get(), value);
+        update_framed(h, name);
+        update_framed(h, value);
     }
-    return hex_of(XXH3_128bits_digest(s.get()));
+    return h.hex();
 }
 
 std::string content_key_of(std::string_view source,
@@ -127,8 +93,5 @@ std::string content_key_of_file(const std::string& path,
     return key.hex();
 }
 
-std::string xxh3_128_hex(std::string_view bytes) {
-    return hex_of(XXH3_128bits(bytes.data(), bytes.size()));
-}
 
 }  // namespace sf::storage

@@ -54,7 +54,4 @@ std::string content_key_of_file(const std::string& path,
 std::string content_key_of(std::string_view source,
                            const std::map<std::string, std::string>& params);
 
-// XXH3-128 of `bytes` as 32 hex characters: a plain checksum, not a content key.
-std::string xxh3_128_hex(std::string_view bytes);
-
 }  // namespace sf::storage

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "storage/content_key.h"
+#include "storage/xxh3.h"
 
 namespace sf::storage {
 

@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -14,7 +13,7 @@
 
 #include "core/error.h"
 #include "storage/atomic_file.h"
-#include "storage/content_key.h"
+#include "storage/xxh3.h"
 
 namespace sf::storage {
 namespace {
@@ -47,35 +46,6 @@ size_t find_digest(std::string_view header_bytes, const std::string& digest) {
     return pos + needle.size() - 1 - digest.size();
 }
 
-struct XXH3StateDeleter {
-    void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
-};
-
-class Hasher {
-public:
-    Hasher() : state_(XXH3_createState()) {
-        if (!state_) throw Error::OutOfMemory("cannot allocate an XXH3 state");
-        XXH3_128bits_reset(state_.get());
-    }
-    void update(std::string_view bytes) {
-        XXH3_128bits_update(state_.get(), bytes.data(), bytes.size());
-    }
-    std::string hex() {
-        XXH128_canonical_t canonical;
-        XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state_.get()));
-        std::string out;
-        char byte[3];
-        for (unsigned char b : canonical.digest) {
-            std::snprintf(byte, sizeof(byte), "%02x", b);
-            out += byte;
-        }
-        return out;
-    }
-
-private:
-    std::unique_ptr<XXH3_state_t, XXH3StateDeleter> state_;
-};
-
 void verify_checksum(std::string_view file, const SafetensorsLayout& layout,
                      const std::string& path) {
     const std::string& digest = layout.metadata.at(kSafetensorsChecksumKey);
@@ -87,7 +57,7 @@ void verify_checksum(std::string_view file, const SafetensorsLayout& layout,
         throw Error::Corruption(path + ": cannot locate the checksum entry in the header");
     }
     size_t digits = 8 + at;  // offset in the file
-    Hasher hasher;
+    XXH3Hasher hasher;
     hasher.update(file.substr(0, digits));
     hasher.update(kZeroDigest);
     hasher.update(file.substr(digits + 32));
@@ -184,7 +154,7 @@ void write_safetensors_file(const std::string& path,
     }
     SafetensorsPlan plan = plan_safetensors(tensors, meta);
     if (with_checksum) {
-        Hasher hasher;
+        XXH3Hasher hasher;
         hasher.update(plan.header);
         for (const auto& [name, view] : plan.order) hasher.update(view->bytes);
         size_t at = find_digest(std::string_view(plan.header).substr(8), kZeroDigest);

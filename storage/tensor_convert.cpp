@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "storage/safetensors_file.h"
 
 namespace sf::storage {
 namespace {
@@ -110,6 +111,19 @@ TensorView view_of(const at::Tensor& tensor) {
     size_t nbytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
     view.bytes = std::string_view(static_cast<const char*>(tensor.data_ptr()), nbytes);
     return view;
+}
+
+void write_tensors_file(const std::string& path,
+                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+    std::vector<at::Tensor> keep;  // the CPU copies must outlive the views
+    keep.reserve(tensors.size());
+    std::map<std::string, TensorView> views;
+    for (const auto& [name, t] : tensors) {
+        keep.push_back(t.detach().to(at::kCPU).contiguous());
+        views[name] = view_of(keep.back());
+    }
+    write_safetensors_file(path, views, metadata);
 }
 
 }  // namespace sf::storage

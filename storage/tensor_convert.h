@@ -5,6 +5,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "storage/tensor_record.h"
 
@@ -31,5 +33,11 @@ at::Tensor wrap_view(const TensorView& view);
 // write checkpoints without a second copy of the weights. kInvalidArgument for a non-contiguous
 // or non-CPU tensor.
 TensorView view_of(const at::Tensor& tensor);
+
+// Writes named tensors of any device, dtype and layout as one safetensors file, atomically
+// (safetensors_file.h); each is copied to a contiguous CPU tensor only for the write.
+void write_tensors_file(const std::string& path,
+                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata);
 
 }  // namespace sf::storage

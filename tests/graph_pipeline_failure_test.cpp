@@ -116,7 +116,11 @@ TEST(LinearPipelineFailure, SinkErrorKeepsItsCategoryAndStopsTheSource) {
 // the running one sees the cancel token and stops early, the queued ones are dropped unrun.
 TEST(LinearPipelineFailure, FatalErrorWhileItemsBlockInASlowStageStillTerminates) {
     if (testing::usable_cpus() < 2) GTEST_SKIP() << "needs two threads";
+    // The waits below are bounded only as a safety net (a loaded machine may take long to
+    // schedule a thread); what the test asserts is what ended the slow stage, not how fast.
+    constexpr auto kSafety = 60s;
     std::atomic<int> slow_runs{0};
+    std::atomic<bool> slow_saw_cancel{false};
     auto next = std::make_shared<int64_t>(0);
     LinearPipeline pipeline("blocked", 8);
     pipeline
@@ -124,7 +128,7 @@ TEST(LinearPipelineFailure, FatalErrorWhileItemsBlockInASlowStageStillTerminates
                 [&, next](std::any& out) {
                     if (*next == 3) {
                         // Fail only once item 0 is inside the slow stage.
-                        const auto deadline = std::chrono::steady_clock::now() + 2s;
+                        const auto deadline = std::chrono::steady_clock::now() + kSafety;
                         while (slow_runs == 0 && std::chrono::steady_clock::now() < deadline) {
                             std::this_thread::sleep_for(1ms);
                         }
@@ -136,25 +140,25 @@ TEST(LinearPipelineFailure, FatalErrorWhileItemsBlockInASlowStageStillTerminates
         .serial("slow",
                 [&](std::any&& x) -> std::any {
                     ++slow_runs;
-                    const auto deadline = std::chrono::steady_clock::now() + 5s;
+                    const auto deadline = std::chrono::steady_clock::now() + kSafety;
                     while (!current_item()->cancel->cancelled() &&
                            std::chrono::steady_clock::now() < deadline) {
                         std::this_thread::sleep_for(1ms);
                     }
+                    slow_saw_cancel = current_item()->cancel->cancelled();
                     current_item()->cancel->throw_if_cancelled("slow stage");
                     return std::move(x);
                 })
         .sink("write", [](std::any&&) { FAIL() << "nothing should be written"; })
         .progress(quiet());
 
-    const auto start = std::chrono::steady_clock::now();
-    EXPECT_THROW(with_watchdog(10s, [&] { return pipeline.run(); }), std::out_of_range);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);  // the slow stage alone takes 5 s
+    EXPECT_THROW(with_watchdog(3 * kSafety, [&] { return pipeline.run(); }), std::out_of_range);
+    EXPECT_TRUE(slow_saw_cancel) << "the running item ran to its end instead of seeing the cancel";
     const RunStats& stats = pipeline.stats();
     EXPECT_EQ(stats.produced, 3);
     EXPECT_EQ(stats.dropped, 3);
     EXPECT_EQ(stats.completed, 0);
-    EXPECT_EQ(slow_runs.load(), 1);
+    EXPECT_EQ(slow_runs.load(), 1);  // the queued items were dropped unrun
 }
 
 TEST(LinearPipelineFailure, FirstOfSeveralErrorsIsTheOneReported) {

@@ -309,14 +309,7 @@ void save_lora(const nn::Module& root, const std::string& path,
     meta["format"] = "pt";
     meta[kMetadataKey] = adapter_metadata(*adapters.front().second.config).dump(2);
 
-    std::vector<at::Tensor> keep;  // the CPU copies must outlive the views
-    keep.reserve(2 * adapters.size());
-    std::map<std::string, storage::TensorView> views;
-    for (const auto& [name, tensor] : lora_state_dict(root, kPrefix)) {
-        keep.push_back(tensor.detach().to(at::kCPU).contiguous());
-        views[name] = storage::view_of(keep.back());
-    }
-    storage::write_safetensors_file(path, views, meta);
+    storage::write_tensors_file(path, lora_state_dict(root, kPrefix), meta);
 }
 
 void load_lora(nn::Module& root, const std::string& path) {

@@ -77,13 +77,7 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path, cons
 
 void save_weights(const torch::nn::Module& module, const std::string& file,
                   const std::map<std::string, std::string>& metadata) {
-    std::vector<at::Tensor> keep;  // the CPU copies must outlive the views
-    std::map<std::string, storage::TensorView> views;
-    for (const auto& [name, tensor] : state_dict(module)) {
-        keep.push_back(tensor.detach().to(at::kCPU).contiguous());
-        views[name] = storage::view_of(keep.back());
-    }
-    storage::write_safetensors_file(file, views, metadata);
+    storage::write_tensors_file(file, state_dict(module), metadata);
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

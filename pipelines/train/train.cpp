@@ -58,7 +58,7 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
 std::string save_final_weights(const TrainOptions& o, model::DiffusionTransformer& transformer) {
     fs::create_directories(o.output_dir);
     if (o.rank > 0) {
-        const std::string path = (fs::path(o.output_dir) / "pytorch_lora_weights.safetensors").string();
+        const std::string path = (fs::path(o.output_dir) / model::kLoraWeightName).string();
         model::save_lora(transformer.module(), path);
         return path;
     }

@@ -22,17 +22,6 @@ constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kStateFile = "state.json";
 constexpr int kStateVersion = 1;  // frozen: a layout change that old readers cannot read bumps it
 
-// Writes `tensors` as one safetensors file; the CPU copies live until the write is done.
-void write_tensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-    std::vector<at::Tensor> keep;
-    std::map<std::string, storage::TensorView> views;
-    for (const auto& [name, t] : tensors) {
-        keep.push_back(t.detach().to(at::kCPU).contiguous());
-        views[name] = storage::view_of(keep.back());
-    }
-    storage::write_safetensors_file(path, views, {{"format", "pt"}});
-}
-
 std::map<std::string, at::Tensor> read_tensors(const std::string& path) {
     const auto file = storage::SafetensorsFile::open(path);
     std::map<std::string, at::Tensor> out;
@@ -74,11 +63,11 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     }
     fs::create_directories(temp_dir);
 
-    write_tensors((temp_dir / "trainable.safetensors").string(), state.trainable);
+    storage::write_tensors_file((temp_dir / "trainable.safetensors").string(), state.trainable, {{"format", "pt"}});
     std::vector<std::pair<std::string, at::Tensor>> extra;
     for (const auto& [name, t] : state.optimizer) extra.emplace_back("optimizer." + name, t);
     for (const auto& [name, t] : state.rng) extra.emplace_back("rng." + name, t);
-    write_tensors((temp_dir / "optimizer.safetensors").string(), extra);
+    storage::write_tensors_file((temp_dir / "optimizer.safetensors").string(), extra, {{"format", "pt"}});
 
     nlohmann::json j;
     j["version"] = kStateVersion;
