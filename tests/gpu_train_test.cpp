@@ -64,20 +64,37 @@ TEST(GpuMemory, CachingAllocatorStatsSeeTensorsAndEmptyCacheReturnsThem) {
     sf::mem::empty_cache();
 }
 
-TEST(GpuTrain, StepOnTheGpuMatchesTheCpu) {
+TEST(GpuTrain, StepsOnTheGpuMatchTheCpu) {
     SKIP_WITHOUT_CUDA();
-    double losses[2];
+    // Three steps from the same weights on each device: the losses agree, and so do the weights
+    // after them. AdamW's first steps move each weight by about lr whatever its gradient's size,
+    // so weights are compared by how far each tensor moved: the GPU's update must be the CPU's
+    // within a few percent of its length (a wrong update, or none, is off by ~100%).
+    std::vector<double> losses[2];
+    std::vector<at::Tensor> initial, updated[2];
     for (int i = 0; i < 2; ++i) {
         const c10::Device device = i == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
         torch::manual_seed(1);
         SanaTransformer model(config());
+        if (i == 0) {
+            for (const auto& p : model->parameters()) initial.push_back(p.detach().clone());
+        }
         model->to(device);
-        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+                                  sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
         const auto b = batch(16);
         at::Generator gen = at::detail::createCPUGenerator(0);
-        losses[i] = step.step([&](int64_t) { return b; }, gen).loss;
+        for (int k = 0; k < 3; ++k) losses[i].push_back(step.step([&](int64_t) { return b; }, gen).loss);
+        for (const auto& p : model->parameters()) updated[i].push_back(p.detach().cpu());
     }
-    EXPECT_NEAR(losses[0], losses[1], 1e-3 * std::abs(losses[0]));
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(losses[0][k], losses[1][k], 1e-3 * std::abs(losses[0][k])) << k;
+    ASSERT_EQ(updated[0].size(), updated[1].size());
+    for (size_t j = 0; j < initial.size(); ++j) {
+        const double moved = (updated[0][j] - initial[j]).norm().item<double>();
+        const double apart = (updated[1][j] - updated[0][j]).norm().item<double>();
+        EXPECT_GT(moved, 0) << "parameter " << j << " did not move on the CPU";
+        EXPECT_LT(apart, 0.05 * moved) << "parameter " << j;
+    }
 }
 
 TEST(GpuTrain, RemediesLowerTheCudaPeak) {
