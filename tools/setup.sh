@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ccache git
+  build-essential cmake pkg-config ccache git clang-format
   libtorch-dev libgloo-dev libopenblas0-openmp
   libtbb-dev liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
   libopencv-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg
