@@ -4,7 +4,7 @@
 
 #include "core/log.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
-#include "model/gemma/gemma2.h"
+#include "model/gemma/gemma2_config.h"
 #include "model/sana/sana_config.h"
 
 namespace sf::pipelines {

@@ -6,14 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "model/common/config_json.h"
 
 namespace sf::model {
 namespace {
@@ -29,56 +25,6 @@ std::string lower(std::string s) {
     throw Error::InvalidArgument(fmt::format("{}: {}", source, what));
 }
 
-// Typed readers: each names the key and the source when the JSON value has the wrong type.
-int64_t get_int(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_number_integer())
-        fail(source, fmt::format("`{}` must be an integer, got {}", key, v.dump()));
-    return v.get<int64_t>();
-}
-
-double get_number(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_number()) fail(source, fmt::format("`{}` must be a number, got {}", key, v.dump()));
-    return v.get<double>();
-}
-
-bool get_bool(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_boolean())
-        fail(source, fmt::format("`{}` must be true or false, got {}", key, v.dump()));
-    return v.get<bool>();
-}
-
-std::string get_string(const json& v, const std::string& key, const std::string& source) {
-    if (!v.is_string()) fail(source, fmt::format("`{}` must be a string, got {}", key, v.dump()));
-    return v.get<std::string>();
-}
-
-std::vector<int64_t> get_int_list(const json& v, const std::string& key,
-                                  const std::string& source) {
-    if (!v.is_array())
-        fail(source, fmt::format("`{}` must be a list of integers, got {}", key, v.dump()));
-    std::vector<int64_t> out;
-    for (const json& e : v) {
-        if (!e.is_number_integer()) {
-            fail(source, fmt::format("`{}` must be a list of integers, got {}", key, v.dump()));
-        }
-        out.push_back(e.get<int64_t>());
-    }
-    return out;
-}
-
-std::vector<std::vector<int64_t>> get_int_lists(const json& v, const std::string& key,
-                                                const std::string& source) {
-    const std::string what =
-        fmt::format("`{}` must be a list of lists of integers, got {}", key, v.dump());
-    if (!v.is_array()) fail(source, what);
-    std::vector<std::vector<int64_t>> out;
-    for (const json& e : v) {
-        if (!e.is_array()) fail(source, what);
-        out.push_back(get_int_list(e, key, source));
-    }
-    return out;
-}
-
 // A key upstream accepts as one string for every stage or as one string per stage.
 struct PerStage {
     bool is_string = true;
@@ -90,21 +36,18 @@ struct PerStage {
     }
 };
 
-PerStage get_per_stage(const json& v, const std::string& key, const std::string& source) {
-    PerStage out;
-    if (v.is_string()) {
-        out.one = v.get<std::string>();
-        return out;
+void read_per_stage(const ConfigReader& r, const char* key, PerStage& out) {
+    const json* v = r.find(key);
+    if (v == nullptr) return;
+    if (v->is_string()) {
+        out = {true, v->get<std::string>(), {}};
+        return;
     }
-    const std::string what =
-        fmt::format("`{}` must be a string or a list of strings, got {}", key, v.dump());
-    if (!v.is_array()) fail(source, what);
-    out.is_string = false;
-    for (const json& e : v) {
-        if (!e.is_string()) fail(source, what);
-        out.list.push_back(e.get<std::string>());
+    if (!v->is_array() ||
+        !std::all_of(v->begin(), v->end(), [](const json& e) { return e.is_string(); })) {
+        r.fail(key, "a string or a list of strings", *v);
     }
-    return out;
+    out = {false, "", v->get<std::vector<std::string>>()};
 }
 
 // Upstream only asks `== "pixel_unshuffle"`; real configs write "Conv". One spelling here.
@@ -290,43 +233,33 @@ void AutoencoderDCConfig::validate(const std::string& source) const {
 }
 
 AutoencoderDCConfig AutoencoderDCConfig::from_json(const json& j, const std::string& source) {
-    if (!j.is_object()) fail(source, "an AutoencoderDC config must be a JSON object");
+    // Unknown keys (_diffusers_version, keys of later versions) are ignored, as diffusers
+    // ignores unexpected config keys.
+    const ConfigReader r(j, source);
+    r.check_class_name("AutoencoderDC");
     AutoencoderDCConfig c;
     // Upstream's defaults for the keys that may be one string for every stage.
     PerStage enc_types{true, "ResBlock", {}}, dec_types{true, "ResBlock", {}};
     PerStage norms{true, "rms_norm", {}}, acts{true, "silu", {}};
-    using Reader = std::function<void(const json&, const std::string&)>;
-    auto to = [&](auto& field, auto read) -> Reader {
-        return [&field, read, &source](const json& v, const std::string& key) {
-            field = read(v, key, source);
-        };
-    };
-    const std::map<std::string, Reader> readers = {
-        {"in_channels", to(c.in_channels, get_int)},
-        {"latent_channels", to(c.latent_channels, get_int)},
-        {"attention_head_dim", to(c.attention_head_dim, get_int)},
-        {"encoder_block_types", to(enc_types, get_per_stage)},
-        {"decoder_block_types", to(dec_types, get_per_stage)},
-        {"encoder_block_out_channels", to(c.encoder_block_out_channels, get_int_list)},
-        {"decoder_block_out_channels", to(c.decoder_block_out_channels, get_int_list)},
-        {"encoder_layers_per_block", to(c.encoder_layers_per_block, get_int_list)},
-        {"decoder_layers_per_block", to(c.decoder_layers_per_block, get_int_list)},
-        {"encoder_qkv_multiscales", to(c.encoder_qkv_multiscales, get_int_lists)},
-        {"decoder_qkv_multiscales", to(c.decoder_qkv_multiscales, get_int_lists)},
-        {"upsample_block_type", to(c.upsample_block_type, get_string)},
-        {"downsample_block_type", to(c.downsample_block_type, get_string)},
-        {"decoder_norm_types", to(norms, get_per_stage)},
-        {"decoder_act_fns", to(acts, get_per_stage)},
-        {"encoder_out_shortcut", to(c.encoder_out_shortcut, get_bool)},
-        {"decoder_in_shortcut", to(c.decoder_in_shortcut, get_bool)},
-        {"decoder_conv_act_fn", to(c.decoder_conv_act_fn, get_string)},
-        {"scaling_factor", to(c.scaling_factor, get_number)},
-    };
-    for (const auto& [key, v] : j.items()) {
-        // Anything else (_class_name, _diffusers_version, keys of later versions) is ignored, as
-        // diffusers ignores unexpected config keys.
-        if (auto it = readers.find(key); it != readers.end()) it->second(v, key);
-    }
+    r.integer("in_channels", c.in_channels);
+    r.integer("latent_channels", c.latent_channels);
+    r.integer("attention_head_dim", c.attention_head_dim);
+    read_per_stage(r, "encoder_block_types", enc_types);
+    read_per_stage(r, "decoder_block_types", dec_types);
+    r.integer_list("encoder_block_out_channels", c.encoder_block_out_channels);
+    r.integer_list("decoder_block_out_channels", c.decoder_block_out_channels);
+    r.integer_list("encoder_layers_per_block", c.encoder_layers_per_block);
+    r.integer_list("decoder_layers_per_block", c.decoder_layers_per_block);
+    r.integer_lists("encoder_qkv_multiscales", c.encoder_qkv_multiscales);
+    r.integer_lists("decoder_qkv_multiscales", c.decoder_qkv_multiscales);
+    r.string("upsample_block_type", c.upsample_block_type);
+    r.string("downsample_block_type", c.downsample_block_type);
+    read_per_stage(r, "decoder_norm_types", norms);
+    read_per_stage(r, "decoder_act_fns", acts);
+    r.boolean("encoder_out_shortcut", c.encoder_out_shortcut);
+    r.boolean("decoder_in_shortcut", c.decoder_in_shortcut);
+    r.string("decoder_conv_act_fn", c.decoder_conv_act_fn);
+    r.number("scaling_factor", c.scaling_factor);
     c.downsample_block_type = canonical_downsample(c.downsample_block_type);
     c.encoder_block_types = enc_types.expand(c.encoder_block_out_channels.size());
     c.decoder_block_types = dec_types.expand(c.decoder_block_out_channels.size());
@@ -338,26 +271,12 @@ AutoencoderDCConfig AutoencoderDCConfig::from_json(const json& j, const std::str
 
 AutoencoderDCConfig AutoencoderDCConfig::from_json_text(const std::string& text,
                                                         const std::string& source) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error& e) {
-        fail(source, fmt::format("not valid JSON: {}", e.what()));
-    }
-    return from_json(j, source);
+    return from_json(parse_config_json(text, source), source);
 }
 
 AutoencoderDCConfig AutoencoderDCConfig::from_json_file(const std::string& path) {
-    namespace fs = std::filesystem;
-    fs::path file(path);
-    if (fs::is_directory(file)) file /= "config.json";
-    std::ifstream in(file, std::ios::binary);
-    if (!in)
-        throw Error::NotFound(
-            fmt::format("{}: cannot open the AutoencoderDC config", file.string()));
-    std::stringstream text;
-    text << in.rdbuf();
-    return from_json_text(text.str(), file.string());
+    const ConfigFile file = read_config_file(path, "AutoencoderDC config");
+    return from_json(file.json, file.path);
 }
 
 std::string AutoencoderDCConfig::to_json_text() const {

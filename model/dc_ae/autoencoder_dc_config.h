@@ -54,14 +54,16 @@ struct AutoencoderDCConfig {
     // Throws sf::Error kInvalidArgument naming `source` and the field (and the stage) at fault.
     void validate(const std::string& source = "AutoencoderDCConfig") const;
 
-    // From a diffusers config.json object: unknown keys are ignored, a key with the wrong type
-    // or an invalid value is kInvalidArgument naming the key and `source`. Validated.
+    // From a diffusers config.json object: unknown keys are ignored; another `_class_name`, a key
+    // with the wrong type or an invalid value is kInvalidArgument naming the key and `source`.
+    // Validated.
     static AutoencoderDCConfig from_json(const nlohmann::json& json,
                                          const std::string& source = "config.json");
     // The same from JSON text.
     static AutoencoderDCConfig from_json_text(const std::string& text,
                                               const std::string& source = "config.json");
-    // `path` is a config.json file or a directory holding one (e.g. `vae/`).
+    // `path` is a config.json file or a directory holding one (e.g. `vae/`). kNotFound when it
+    // is missing.
     static AutoencoderDCConfig from_json_file(const std::string& path);
     // A diffusers-layout config.json text with every field (lists written out per stage).
     std::string to_json_text() const;

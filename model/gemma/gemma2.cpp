@@ -4,11 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/shape.h"
@@ -17,66 +13,6 @@
 
 namespace sf::model {
 namespace {
-
-using nlohmann::json;
-
-constexpr const char* kSlidingAttention = "sliding_attention";
-constexpr const char* kFullAttention = "full_attention";
-
-[[noreturn]] void bad_key(const std::string& source, const char* key, const char* want,
-                          const json& value) {
-    throw Error::InvalidArgument(
-        fmt::format("{}: \"{}\" must be {}, got {}", source, key, want, value.dump()));
-}
-
-int64_t get_int(const json& j, const char* key, int64_t fallback, const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (!v.is_number_integer()) bad_key(source, key, "an integer", v);
-    return v.get<int64_t>();
-}
-
-std::optional<int64_t> get_optional_int(const json& j, const char* key,
-                                        std::optional<int64_t> fallback,
-                                        const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (v.is_null()) return std::nullopt;
-    if (!v.is_number_integer()) bad_key(source, key, "an integer or null", v);
-    return v.get<int64_t>();
-}
-
-double get_number(const json& j, const char* key, double fallback, const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (!v.is_number()) bad_key(source, key, "a number", v);
-    return v.get<double>();
-}
-
-std::optional<double> get_optional_number(const json& j, const char* key,
-                                          std::optional<double> fallback,
-                                          const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (v.is_null()) return std::nullopt;
-    if (!v.is_number()) bad_key(source, key, "a number or null", v);
-    return v.get<double>();
-}
-
-bool get_bool(const json& j, const char* key, bool fallback, const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (!v.is_boolean()) bad_key(source, key, "true or false", v);
-    return v.get<bool>();
-}
-
-std::string get_string(const json& j, const char* key, const std::string& fallback,
-                       const std::string& source) {
-    if (!j.contains(key)) return fallback;
-    const json& v = j.at(key);
-    if (!v.is_string()) bad_key(source, key, "a string", v);
-    return v.get<std::string>();
-}
 
 double lowest_value(at::ScalarType dtype) {
     double lowest = 0.0;
@@ -104,202 +40,6 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Config
-
-bool Gemma2Config::is_sliding(int64_t layer) const {
-    if (!sliding_window) return false;
-    if (!layer_types.empty()) return layer_types.at(layer) == kSlidingAttention;
-    return layer % 2 == 0;  // upstream v4.47: `not bool(layer_idx % 2)`
-}
-
-void Gemma2Config::validate(const std::string& source) const {
-    auto fail = [&](const std::string& what) {
-        throw Error::InvalidArgument(fmt::format("{}: {}", source, what));
-    };
-    const std::pair<const char*, int64_t> positives[] = {
-        {"vocab_size", vocab_size},
-        {"hidden_size", hidden_size},
-        {"intermediate_size", intermediate_size},
-        {"num_hidden_layers", num_hidden_layers},
-        {"num_attention_heads", num_attention_heads},
-        {"num_key_value_heads", num_key_value_heads},
-        {"head_dim", head_dim},
-        {"max_position_embeddings", max_position_embeddings},
-    };
-    for (const auto& [key, value] : positives) {
-        if (value <= 0) fail(fmt::format("\"{}\" must be positive, got {}", key, value));
-    }
-    if (num_attention_heads % num_key_value_heads != 0) {
-        fail(fmt::format(
-            "\"num_attention_heads\" ({}) must be a multiple of \"num_key_value_heads\" ({})",
-            num_attention_heads, num_key_value_heads));
-    }
-    // Upstream v4.47's attention raises on this too, although head_dim is independent.
-    if (hidden_size % num_attention_heads != 0) {
-        fail(fmt::format("\"hidden_size\" ({}) must be a multiple of \"num_attention_heads\" ({})",
-                         hidden_size, num_attention_heads));
-    }
-    if (head_dim % 2 != 0)
-        fail(fmt::format("\"head_dim\" must be even for RoPE, got {}", head_dim));
-    if (hidden_activation != "gelu_pytorch_tanh" && hidden_activation != "gelu") {
-        fail(fmt::format(
-            "\"hidden_activation\" must be \"gelu_pytorch_tanh\" or \"gelu\", got \"{}\"",
-            hidden_activation));
-    }
-    if (!(rms_norm_eps >= 0.0))
-        fail(fmt::format("\"rms_norm_eps\" must be >= 0, got {}", rms_norm_eps));
-    if (!(rope_theta > 0.0))
-        fail(fmt::format("\"rope_theta\" must be positive, got {}", rope_theta));
-    if (!(query_pre_attn_scalar > 0.0)) {
-        fail(fmt::format("\"query_pre_attn_scalar\" must be positive, got {}",
-                         query_pre_attn_scalar));
-    }
-    if (!(attention_dropout >= 0.0 && attention_dropout < 1.0)) {
-        fail(fmt::format("\"attention_dropout\" must be in [0, 1), got {}", attention_dropout));
-    }
-    if (sliding_window && *sliding_window <= 0) {
-        fail(fmt::format("\"sliding_window\" must be positive or null, got {}", *sliding_window));
-    }
-    if (attn_logit_softcapping && !(*attn_logit_softcapping > 0.0)) {
-        fail(fmt::format("\"attn_logit_softcapping\" must be positive or null, got {}",
-                         *attn_logit_softcapping));
-    }
-    if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
-        fail(fmt::format("\"pad_token_id\" {} is outside the vocabulary of {}", *pad_token_id,
-                         vocab_size));
-    }
-    if (!layer_types.empty()) {
-        if (static_cast<int64_t>(layer_types.size()) != num_hidden_layers) {
-            fail(fmt::format("\"layer_types\" has {} entries for {} layers", layer_types.size(),
-                             num_hidden_layers));
-        }
-        for (const std::string& t : layer_types) {
-            if (t != kSlidingAttention && t != kFullAttention) {
-                fail(fmt::format("\"layer_types\" holds \"{}\"; expected \"{}\" or \"{}\"", t,
-                                 kSlidingAttention, kFullAttention));
-            }
-        }
-    }
-}
-
-Gemma2Config Gemma2Config::from_json(const json& j, const std::string& source) {
-    if (!j.is_object()) throw Error::InvalidArgument(source + ": the config is not a JSON object");
-    if (j.contains("model_type") && j.at("model_type").is_string() &&
-        j.at("model_type").get<std::string>() != "gemma2") {
-        throw Error::InvalidArgument(fmt::format("{}: \"model_type\" is \"{}\", not \"gemma2\"",
-                                                 source, j.at("model_type").get<std::string>()));
-    }
-    // A later variant (EmbeddingGemma) attends both ways: not what this decoder computes.
-    if (get_bool(j, "use_bidirectional_attention", false, source)) {
-        throw Error::InvalidArgument(source + ": \"use_bidirectional_attention\" is not supported");
-    }
-    Gemma2Config c;
-    c.vocab_size = get_int(j, "vocab_size", c.vocab_size, source);
-    c.hidden_size = get_int(j, "hidden_size", c.hidden_size, source);
-    c.intermediate_size = get_int(j, "intermediate_size", c.intermediate_size, source);
-    c.num_hidden_layers = get_int(j, "num_hidden_layers", c.num_hidden_layers, source);
-    c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, source);
-    c.num_key_value_heads = get_int(j, "num_key_value_heads", c.num_key_value_heads, source);
-    c.head_dim = get_int(j, "head_dim", c.head_dim, source);
-    // v4.47 reads hidden_activation only; older files also carry "hidden_act", which it ignores.
-    c.hidden_activation = get_string(j, "hidden_activation", c.hidden_activation, source);
-    c.max_position_embeddings =
-        get_int(j, "max_position_embeddings", c.max_position_embeddings, source);
-    c.rms_norm_eps = get_number(j, "rms_norm_eps", c.rms_norm_eps, source);
-    c.rope_theta = get_number(j, "rope_theta", c.rope_theta, source);
-    // Newer transformers nest it: {"rope_parameters": {"rope_type": "default", "rope_theta": ...}}.
-    if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
-        const json& rope = j.at("rope_parameters");
-        const std::string rope_source = source + " rope_parameters";
-        if (!rope.is_object()) bad_key(source, "rope_parameters", "an object", rope);
-        const std::string type = get_string(rope, "rope_type", "default", rope_source);
-        if (type != "default") {
-            throw Error::InvalidArgument(fmt::format(
-                "{}: rope_type \"{}\" is not supported (only \"default\")", source, type));
-        }
-        c.rope_theta = get_number(rope, "rope_theta", c.rope_theta, rope_source);
-    }
-    c.attention_bias = get_bool(j, "attention_bias", c.attention_bias, source);
-    c.attention_dropout = get_number(j, "attention_dropout", c.attention_dropout, source);
-    c.initializer_range = get_number(j, "initializer_range", c.initializer_range, source);
-    c.query_pre_attn_scalar =
-        get_number(j, "query_pre_attn_scalar", c.query_pre_attn_scalar, source);
-    c.sliding_window = get_optional_int(j, "sliding_window", c.sliding_window, source);
-    c.attn_logit_softcapping =
-        get_optional_number(j, "attn_logit_softcapping", c.attn_logit_softcapping, source);
-    c.final_logit_softcapping =
-        get_optional_number(j, "final_logit_softcapping", c.final_logit_softcapping, source);
-    c.pad_token_id = get_optional_int(j, "pad_token_id", c.pad_token_id, source);
-    c.bos_token_id = get_optional_int(j, "bos_token_id", c.bos_token_id, source);
-    if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
-        const json& types = j.at("layer_types");
-        if (!types.is_array()) bad_key(source, "layer_types", "a list of strings", types);
-        for (const json& t : types) {
-            if (!t.is_string()) bad_key(source, "layer_types", "a list of strings", types);
-            c.layer_types.push_back(t.get<std::string>());
-        }
-    }
-    c.validate(source);
-    return c;
-}
-
-Gemma2Config Gemma2Config::from_json_file(const std::string& path) {
-    std::filesystem::path file = path;
-    if (std::filesystem::is_directory(file)) file /= "config.json";
-    std::ifstream in(file);
-    if (!in) throw Error::NotFound(fmt::format("cannot open Gemma-2 config {}", file.string()));
-    std::stringstream text;
-    text << in.rdbuf();
-    json j;
-    try {
-        j = json::parse(text.str());
-    } catch (const json::parse_error& e) {
-        throw Error::InvalidArgument(
-            fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
-    }
-    return from_json(j, file.string());
-}
-
-Gemma2Config Gemma2Config::named(const std::string& name) {
-    if (name == "gemma-2-2b") {
-        // google/gemma-2-2b and -2b-it config.json (hidden 2304, 26 layers, 8 heads / 4 KV of 256,
-        // MLP 9216, vocab 256000, window 4096, soft-caps 50 / 30, query_pre_attn_scalar 256,
-        // theta 1e4, eps 1e-6), which are also transformers' Gemma2Config defaults.
-        return Gemma2Config{};
-    }
-    if (name == "gemma-2-tiny") {
-        // Shaped like the golden tiny model (hidden 48, GQA 4/2, head_dim 16), with a vocabulary
-        // for a toy tokenizer and a window short enough that 300-token prompts slide.
-        Gemma2Config c;
-        c.vocab_size = 384;
-        c.hidden_size = 48;
-        c.intermediate_size = 96;
-        c.num_hidden_layers = 2;
-        c.num_attention_heads = 4;
-        c.num_key_value_heads = 2;
-        c.head_dim = 16;
-        c.max_position_embeddings = 1024;
-        c.query_pre_attn_scalar = 16;
-        c.sliding_window = 64;
-        c.attn_logit_softcapping = 50.0;
-        return c;
-    }
-    throw Error::InvalidArgument(
-        fmt::format("unknown Gemma-2 config \"{}\" (known: gemma-2-2b, gemma-2-tiny)", name));
-}
-
-int64_t gemma2_parameter_count(const Gemma2Config& c) {
-    const int64_t h = c.hidden_size;
-    const int64_t q = c.num_attention_heads * c.head_dim;
-    const int64_t kv = c.num_key_value_heads * c.head_dim;
-    int64_t attention = h * q + 2 * h * kv + q * h;
-    if (c.attention_bias) attention += q + 2 * kv + h;
-    const int64_t mlp = 3 * h * c.intermediate_size;
-    const int64_t norms = 4 * h;
-    return c.vocab_size * h + c.num_hidden_layers * (attention + mlp + norms) + h;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Modules
@@ -495,7 +235,8 @@ void Gemma2ModelImpl::set_offload(std::optional<c10::Device> device) {
     if (device) {
         for (const auto& p : parameters()) {
             if (!p.device().is_cpu()) {
-                throw Error::InvalidArgument("Gemma2Model::set_offload: the weights must be in host memory");
+                throw Error::InvalidArgument(
+                    "Gemma2Model::set_offload: the weights must be in host memory");
             }
         }
     }

@@ -3,84 +3,61 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "model/common/config_json.h"
 
 namespace sf::model {
 namespace {
 
 using nlohmann::json;
 
-// Reads one key if present; a present key of the wrong type is an error naming it.
-class Reader {
-public:
-    Reader(const json& j, const std::string& where) : j_(j), where_(where) {}
-
-    void integer(const char* key, int64_t& out) const {
-        if (const json* v = find(key)) {
-            if (!v->is_number_integer()) fail(key, "an integer", *v);
-            out = v->get<int64_t>();
-        }
+SanaTransformerConfig from_object(const json& j, const std::string& where) {
+    const ConfigReader r(j, where);
+    r.check_class_name("SanaTransformer2DModel");
+    SanaTransformerConfig c;
+    r.integer("in_channels", c.in_channels);
+    // Optional[int] upstream, null meaning "not given": out_channels -> in_channels; the
+    // cross-attention sizes -> no cross attention, refused below.
+    std::optional<int64_t> out_channels = c.out_channels;
+    r.nullable_integer("out_channels", out_channels);
+    r.integer("num_attention_heads", c.num_attention_heads);
+    r.integer("attention_head_dim", c.attention_head_dim);
+    r.integer("num_layers", c.num_layers);
+    std::optional<int64_t> cross_heads = c.num_cross_attention_heads;
+    std::optional<int64_t> cross_head_dim = c.cross_attention_head_dim;
+    std::optional<int64_t> cross_dim = c.cross_attention_dim;
+    r.nullable_integer("num_cross_attention_heads", cross_heads);
+    r.nullable_integer("cross_attention_head_dim", cross_head_dim);
+    r.nullable_integer("cross_attention_dim", cross_dim);
+    r.integer("caption_channels", c.caption_channels);
+    r.number("mlp_ratio", c.mlp_ratio);
+    r.number("dropout", c.dropout);
+    r.boolean("attention_bias", c.attention_bias);
+    r.integer("sample_size", c.sample_size);
+    r.integer("patch_size", c.patch_size);
+    r.boolean("norm_elementwise_affine", c.norm_elementwise_affine);
+    r.number("norm_eps", c.norm_eps);
+    r.nullable_number("interpolation_scale", c.interpolation_scale);
+    r.boolean("guidance_embeds", c.guidance_embeds);
+    r.number("guidance_embeds_scale", c.guidance_embeds_scale);
+    r.nullable_string("qk_norm", c.qk_norm);
+    r.number("timestep_scale", c.timestep_scale);
+    // `out_channels or in_channels` upstream: null and 0 both mean "as many as in".
+    c.out_channels = out_channels.value_or(0) == 0 ? c.in_channels : *out_channels;
+    if (!cross_heads || !cross_head_dim || !cross_dim) {
+        throw Error::InvalidArgument(fmt::format(
+            "{}: null cross-attention sizes (no cross attention) are not supported: upstream's "
+            "block then has no norm2 and cannot run",
+            where));
     }
-    void number(const char* key, double& out) const {
-        if (const json* v = find(key)) {
-            if (!v->is_number()) fail(key, "a number", *v);
-            out = v->get<double>();
-        }
-    }
-    void boolean(const char* key, bool& out) const {
-        if (const json* v = find(key)) {
-            if (!v->is_boolean()) fail(key, "true or false", *v);
-            out = v->get<bool>();
-        }
-    }
-    void optional_number(const char* key, std::optional<double>& out) const {
-        if (const json* v = find(key)) {
-            if (v->is_null()) {
-                out.reset();
-                return;
-            }
-            if (!v->is_number()) fail(key, "a number or null", *v);
-            out = v->get<double>();
-        }
-    }
-    void optional_string(const char* key, std::optional<std::string>& out) const {
-        if (const json* v = find(key)) {
-            if (v->is_null()) {
-                out.reset();
-                return;
-            }
-            if (!v->is_string()) fail(key, "a string or null", *v);
-            out = v->get<std::string>();
-        }
-    }
-    // Optional[int] upstream: true for null, which means "not given" (out_channels ->
-    // in_channels; the cross-attention sizes -> no cross attention, refused by from_json()).
-    bool null_or_integer(const char* key, int64_t& out) const {
-        if (const json* v = find(key)) {
-            if (v->is_null()) return true;
-            integer(key, out);
-        }
-        return false;
-    }
-
-private:
-    const json* find(const char* key) const {
-        auto it = j_.find(key);
-        return it == j_.end() ? nullptr : &*it;
-    }
-    [[noreturn]] void fail(const char* key, const char* want, const json& got) const {
-        throw Error::InvalidArgument(
-            fmt::format("{}: \"{}\" must be {}, not {}", where_, key, want, got.dump()));
-    }
-
-    const json& j_;
-    const std::string& where_;
-};
+    c.num_cross_attention_heads = *cross_heads;
+    c.cross_attention_head_dim = *cross_head_dim;
+    c.cross_attention_dim = *cross_dim;
+    c.validate(where);
+    return c;
+}
 
 }  // namespace
 
@@ -138,63 +115,12 @@ void SanaTransformerConfig::validate(const std::string& where) const {
 
 SanaTransformerConfig SanaTransformerConfig::from_json(const std::string& text,
                                                        const std::string& where) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception& e) {
-        throw Error::InvalidArgument(fmt::format("{}: not valid JSON: {}", where, e.what()));
-    }
-    if (!j.is_object()) throw Error::InvalidArgument(fmt::format("{}: not a JSON object", where));
-    if (auto it = j.find("_class_name"); it != j.end()) {
-        if (!it->is_string() || it->get<std::string>() != "SanaTransformer2DModel") {
-            throw Error::InvalidArgument(fmt::format(
-                "{}: \"_class_name\" is {}, not \"SanaTransformer2DModel\"", where, it->dump()));
-        }
-    }
-    SanaTransformerConfig c;
-    const Reader r(j, where);
-    r.integer("in_channels", c.in_channels);
-    if (r.null_or_integer("out_channels", c.out_channels)) c.out_channels = 0;
-    r.integer("num_attention_heads", c.num_attention_heads);
-    r.integer("attention_head_dim", c.attention_head_dim);
-    r.integer("num_layers", c.num_layers);
-    bool no_cross = r.null_or_integer("num_cross_attention_heads", c.num_cross_attention_heads);
-    no_cross |= r.null_or_integer("cross_attention_head_dim", c.cross_attention_head_dim);
-    no_cross |= r.null_or_integer("cross_attention_dim", c.cross_attention_dim);
-    r.integer("caption_channels", c.caption_channels);
-    r.number("mlp_ratio", c.mlp_ratio);
-    r.number("dropout", c.dropout);
-    r.boolean("attention_bias", c.attention_bias);
-    r.integer("sample_size", c.sample_size);
-    r.integer("patch_size", c.patch_size);
-    r.boolean("norm_elementwise_affine", c.norm_elementwise_affine);
-    r.number("norm_eps", c.norm_eps);
-    r.optional_number("interpolation_scale", c.interpolation_scale);
-    r.boolean("guidance_embeds", c.guidance_embeds);
-    r.number("guidance_embeds_scale", c.guidance_embeds_scale);
-    r.optional_string("qk_norm", c.qk_norm);
-    r.number("timestep_scale", c.timestep_scale);
-    // `out_channels or in_channels` upstream: null and 0 both mean "as many as in".
-    if (c.out_channels == 0) c.out_channels = c.in_channels;
-    if (no_cross) {
-        throw Error::InvalidArgument(fmt::format(
-            "{}: null cross-attention sizes (no cross attention) are not supported: upstream's "
-            "block then has no norm2 and cannot run",
-            where));
-    }
-    c.validate(where);
-    return c;
+    return from_object(parse_config_json(text, where), where);
 }
 
 SanaTransformerConfig SanaTransformerConfig::from_json_file(const std::string& path) {
-    std::filesystem::path file = path;
-    if (std::filesystem::is_directory(file)) file /= "config.json";
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error::NotFound(fmt::format("transformer config {} not found", file.string()));
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) throw Error::IOError(fmt::format("cannot read {}", file.string()));
-    return from_json(text.str(), file.string());
+    const ConfigFile file = read_config_file(path, "transformer config");
+    return from_object(file.json, file.path);
 }
 
 std::string SanaTransformerConfig::to_json() const {

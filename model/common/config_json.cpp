@@ -1,0 +1,270 @@
+#include "model/common/config_json.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+
+namespace sf::model {
+namespace {
+
+using nlohmann::json;
+
+// `text` cut to at most `limit` bytes plus "...", at a UTF-8 character boundary.
+std::string cut(std::string text, size_t limit) {
+    if (text.size() <= limit) return text;
+    size_t end = limit;
+    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+    text.resize(end);
+    return text + "...";
+}
+
+void append_string(const std::string& s, size_t limit, std::string& out) {
+    // Only what can show is escaped. The cut may split a UTF-8 character, which `replace`
+    // turns into U+FFFD instead of throwing.
+    const size_t room = limit + 1 - std::min(out.size(), limit + 1);
+    out += json(s.substr(0, room)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Appends `value` as compact JSON, as dump() writes it, but stops once `out` is longer than
+// `limit`. Each level adds a character, so the recursion is at most `limit` deep whatever the
+// value's depth.
+void append_excerpt(const json& value, size_t limit, std::string& out) {
+    if (out.size() > limit) return;
+    if (value.is_array()) {
+        out += '[';
+        for (auto it = value.begin(); it != value.end() && out.size() <= limit; ++it) {
+            if (it != value.begin()) out += ',';
+            append_excerpt(*it, limit, out);
+        }
+        out += ']';
+    } else if (value.is_object()) {
+        out += '{';
+        for (auto it = value.begin(); it != value.end() && out.size() <= limit; ++it) {
+            if (it != value.begin()) out += ',';
+            append_string(it.key(), limit, out);
+            out += ':';
+            append_excerpt(it.value(), limit, out);
+        }
+        out += '}';
+    } else if (value.is_string()) {
+        append_string(value.get_ref<const std::string&>(), limit, out);
+    } else {
+        out += value.dump();  // a number, a boolean or null: short
+    }
+}
+
+bool is_int64(const json& v) {
+    // Integers above 2^63 - 1 parse as unsigned, and get<int64_t>() would wrap them negative.
+    return v.is_number_integer() &&
+           !(v.is_number_unsigned() &&
+             v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+}
+
+bool is_int64_list(const json& v) {
+    return v.is_array() && std::all_of(v.begin(), v.end(), is_int64);
+}
+
+void require_object(const json& j, const std::string& where) {
+    if (!j.is_object()) throw Error::InvalidArgument(fmt::format("{}: not a JSON object", where));
+}
+
+}  // namespace
+
+std::string json_excerpt(const json& value, size_t limit) {
+    std::string out;
+    append_excerpt(value, limit, out);
+    return cut(std::move(out), limit);
+}
+
+json parse_config_json(const std::string& text, const std::string& where) {
+    // Called as each array or object opens, with the number of containers around it.
+    const json::parser_callback_t depth_limit = [&where](int depth, json::parse_event_t event,
+                                                         json&) {
+        if ((event == json::parse_event_t::object_start ||
+             event == json::parse_event_t::array_start) &&
+            depth >= kMaxConfigJsonDepth) {
+            throw Error::InvalidArgument(
+                fmt::format("{}: JSON nested deeper than {} levels", where, kMaxConfigJsonDepth));
+        }
+        return true;
+    };
+    json j;
+    try {
+        j = json::parse(text, depth_limit);
+    } catch (const json::exception& e) {
+        // The parser quotes the token it stopped in, which may be a whole long string.
+        throw Error::InvalidArgument(
+            fmt::format("{}: not valid JSON: {}", where, cut(e.what(), 3 * kConfigValueExcerpt)));
+    }
+    require_object(j, where);
+    return j;
+}
+
+ConfigFile read_config_file(const std::string& path, const std::string& what) {
+    namespace fs = std::filesystem;
+    fs::path file = path;
+    std::error_code error;
+    if (fs::is_directory(file, error)) file /= "config.json";
+    ConfigFile out;
+    out.path = file.string();
+    const fs::file_status status = fs::status(file, error);
+    if (status.type() == fs::file_type::not_found) {
+        throw Error::NotFound(fmt::format("{} {} not found", what, out.path));
+    }
+    if (error) {
+        throw Error::IOError(fmt::format("cannot read {} {}: {}", what, out.path, error.message()));
+    }
+    // Opening a directory succeeds and reading it yields nothing: "not valid JSON" would mislead.
+    if (fs::is_directory(status)) {
+        throw Error::IOError(fmt::format("cannot read {} {}: a directory", what, out.path));
+    }
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+        throw Error::IOError(
+            fmt::format("cannot read {} {}: {}", what, out.path, std::strerror(errno)));
+    }
+    std::string text;
+    char buffer[1 << 16];
+    while (in.read(buffer, sizeof buffer) || in.gcount() > 0)
+        text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (in.bad()) throw Error::IOError(fmt::format("cannot read {} {}", what, out.path));
+    out.json = parse_config_json(text, out.path);
+    return out;
+}
+
+ConfigReader::ConfigReader(const json& object, std::string where)
+    : ConfigReader(object, std::move(where), "") {
+    require_object(object_, where_);
+}
+
+// Nested readers are made of objects already checked.
+ConfigReader::ConfigReader(const json& object, std::string where, std::string prefix)
+    : object_(object), where_(std::move(where)), prefix_(std::move(prefix)) {}
+
+const json* ConfigReader::find(const char* key) const {
+    auto it = object_.find(key);
+    return it == object_.end() ? nullptr : &*it;
+}
+
+bool ConfigReader::has_value(const char* key) const {
+    const json* v = find(key);
+    return v != nullptr && !v->is_null();
+}
+
+void ConfigReader::fail(const char* key, const char* want, const json& got) const {
+    throw Error::InvalidArgument(fmt::format("{}: \"{}{}\" must be {}, got {}", where_, prefix_,
+                                             key, want, json_excerpt(got)));
+}
+
+void ConfigReader::integer(const char* key, int64_t& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!is_int64(*v))
+        fail(key, v->is_number_unsigned() ? "an integer below 2^63" : "an integer", *v);
+    out = v->get<int64_t>();
+}
+
+void ConfigReader::number(const char* key, double& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_number()) fail(key, "a number", *v);
+    out = v->get<double>();
+}
+
+void ConfigReader::boolean(const char* key, bool& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_boolean()) fail(key, "true or false", *v);
+    out = v->get<bool>();
+}
+
+void ConfigReader::string(const char* key, std::string& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_string()) fail(key, "a string", *v);
+    out = v->get<std::string>();
+}
+
+void ConfigReader::nullable_integer(const char* key, std::optional<int64_t>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (v->is_null()) {
+        out.reset();
+        return;
+    }
+    if (!is_int64(*v)) fail(key, "an integer or null", *v);
+    out = v->get<int64_t>();
+}
+
+void ConfigReader::nullable_number(const char* key, std::optional<double>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (v->is_null()) {
+        out.reset();
+        return;
+    }
+    if (!v->is_number()) fail(key, "a number or null", *v);
+    out = v->get<double>();
+}
+
+void ConfigReader::nullable_string(const char* key, std::optional<std::string>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (v->is_null()) {
+        out.reset();
+        return;
+    }
+    if (!v->is_string()) fail(key, "a string or null", *v);
+    out = v->get<std::string>();
+}
+
+void ConfigReader::integer_list(const char* key, std::vector<int64_t>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!is_int64_list(*v)) fail(key, "a list of integers", *v);
+    out = v->get<std::vector<int64_t>>();
+}
+
+void ConfigReader::integer_lists(const char* key, std::vector<std::vector<int64_t>>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_array() || !std::all_of(v->begin(), v->end(), is_int64_list)) {
+        fail(key, "a list of lists of integers", *v);
+    }
+    out = v->get<std::vector<std::vector<int64_t>>>();
+}
+
+void ConfigReader::string_list(const char* key, std::vector<std::string>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_array() ||
+        !std::all_of(v->begin(), v->end(), [](const json& e) { return e.is_string(); })) {
+        fail(key, "a list of strings", *v);
+    }
+    out = v->get<std::vector<std::string>>();
+}
+
+ConfigReader ConfigReader::object(const char* key) const {
+    static const json kEmpty = json::object();
+    const json* v = find(key);
+    if (v == nullptr) return ConfigReader(kEmpty, where_, prefix_ + key + ".");
+    if (!v->is_object()) fail(key, "an object", *v);
+    return ConfigReader(*v, where_, prefix_ + key + ".");
+}
+
+void ConfigReader::check_class_name(const std::string& expected, const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr || (v->is_string() && v->get_ref<const std::string&>() == expected)) return;
+    throw Error::InvalidArgument(fmt::format("{}: \"{}{}\" is {}, not \"{}\"", where_, prefix_, key,
+                                             json_excerpt(*v), expected));
+}
+
+}  // namespace sf::model
