@@ -29,12 +29,6 @@ constexpr double kRtol = 1e-4, kAtol = 1e-5;  // the golden README's fp32 forwar
 
 std::string vae_dir() { return sf::test::golden_path("vae"); }
 
-bool have_golden() {
-    if (std::filesystem::exists(vae_dir())) return true;
-    std::printf("no golden data at %s\n", vae_dir().c_str());
-    return false;
-}
-
 // The f32c32 architecture (6 stages, 5 stride-2 conv downsamplings, interpolate upsampling,
 // 32 latent channels, the same blocks in the same places) at a width a CPU runs quickly. With
 // `full_depth`, f32c32's own layer counts (for parameter counting); otherwise one layer a stage.
@@ -82,7 +76,7 @@ void expect_invalid(const std::function<void()>& f, const std::vector<std::strin
 // ---- configuration ----
 
 TEST(AutoencoderDCConfig, NamedTinyIsTheGoldenConfigFile) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     const auto from_file = AutoencoderDCConfig::from_json_file(vae_dir());
     EXPECT_TRUE(from_file == AutoencoderDCConfig::named("dc-ae-tiny"));
     EXPECT_EQ(from_file.spatial_compression_ratio(), 8);
@@ -171,17 +165,17 @@ void check_golden(const std::string& ref_file, int64_t linear_calls, int64_t qua
 }
 
 TEST(AutoencoderDCGolden, EncodeDecodeMatchUpstream) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     check_golden("vae_encode_decode.safetensors", 8, 0);
 }
 
 TEST(AutoencoderDCGolden, SmallImageTakesTheQuadraticAttentionPath) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     check_golden("vae_encode_decode_small.safetensors", 4, 4);
 }
 
 TEST(AutoencoderDCGolden, EncoderOnlyLoadsWithoutTheDecoderAndEncodesTheSame) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     torch::NoGradGuard no_grad;
     auto full = sf::model::load_autoencoder_dc(vae_dir());
     auto encoder_only = sf::model::load_autoencoder_dc(vae_dir(), /*with_decoder=*/false);
@@ -201,7 +195,7 @@ TEST(AutoencoderDCGolden, EncoderOnlyLoadsWithoutTheDecoderAndEncodesTheSame) {
 }
 
 TEST(AutoencoderDCGolden, Bf16WeightsEncodeAndDecodeCloseToFp32) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     torch::NoGradGuard no_grad;
     sf::model::LoadOptions bf16;
     bf16.dtype = torch::kBFloat16;
@@ -276,7 +270,7 @@ TEST(AutoencoderDC, ShuffleLayoutBuildsUpstreamsNamesAndShapes) {
 }
 
 TEST(AutoencoderDC, EncodeAndDecodeAreBitwiseDeterministic) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     torch::NoGradGuard no_grad;
     auto a = sf::model::load_autoencoder_dc(vae_dir());
     auto b = sf::model::load_autoencoder_dc(vae_dir());
@@ -288,7 +282,7 @@ TEST(AutoencoderDC, EncodeAndDecodeAreBitwiseDeterministic) {
 }
 
 TEST(AutoencoderDC, TiledEncodeIsUpstreamsTileGrid) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     torch::NoGradGuard no_grad;
     auto vae = sf::model::load_autoencoder_dc(vae_dir());  // compression 8
     torch::manual_seed(5);
@@ -330,7 +324,7 @@ TEST(AutoencoderDC, TiledEncodeIsUpstreamsTileGrid) {
 }
 
 TEST(AutoencoderDC, TiledDecodeMatchesDecodeForOneTileAndCoversTheImage) {
-    if (!have_golden()) GTEST_SKIP();
+    SF_REQUIRE_GOLDEN("vae");
     torch::NoGradGuard no_grad;
     auto vae = sf::model::load_autoencoder_dc(vae_dir());
     torch::manual_seed(6);

@@ -28,12 +28,8 @@ Gemma2Model golden_model() {
     return model;
 }
 
-bool have_golden() {
-    return std::filesystem::exists(sf::test::golden_path("text_encoder/config.json"));
-}
-
 TEST(Gemma2Config, ReadsTheGoldenConfigJson) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     const auto c = Gemma2Config::from_json_file(sf::test::golden_path("text_encoder"));
     EXPECT_EQ(c.vocab_size, 128);
     EXPECT_EQ(c.hidden_size, 48);
@@ -125,11 +121,10 @@ TEST(Gemma2Model, ParameterCountIsAnalytic) {
     biased.attention_bias = true;
     EXPECT_EQ(sf::model::gemma2_parameter_count(biased),
               sf::model::parameter_count(*Gemma2Model(biased)));
-    if (have_golden()) {
-        const auto c = Gemma2Config::from_json_file(sf::test::golden_path("text_encoder"));
-        EXPECT_EQ(sf::model::gemma2_parameter_count(c),
-                  sf::model::parameter_count(*Gemma2Model(c)));
-    }
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
+    const auto golden = Gemma2Config::from_json_file(sf::test::golden_path("text_encoder"));
+    EXPECT_EQ(sf::model::gemma2_parameter_count(golden),
+              sf::model::parameter_count(*Gemma2Model(golden)));
     // Gemma2Model of google/gemma-2-2b without the (tied) LM head: 589,824,000 embedding +
     // 26 x 77,865,984 per layer + 2,304 final norm.
     const int64_t big = sf::model::gemma2_parameter_count(Gemma2Config::named("gemma-2-2b"));
@@ -155,7 +150,7 @@ TEST(Gemma2Model, StateDictKeysAreTransformers) {
 }
 
 TEST(Gemma2Golden, ForwardMatchesTransformers) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto model = golden_model();
     auto ref = sf::test::load_ref("text_encoder_forward.safetensors");
     torch::NoGradGuard no_grad;
@@ -171,7 +166,7 @@ TEST(Gemma2Golden, ForwardMatchesTransformers) {
 // this checks the offload path's plumbing: host embedding, per-layer weight swaps, restored
 // weights); a model not in host memory is refused.
 TEST(Gemma2Golden, OffloadedForwardEqualsResidentAndRestoresTheWeights) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto model = golden_model();
     auto ref = sf::test::load_ref("text_encoder_forward.safetensors");
     torch::NoGradGuard no_grad;
@@ -189,7 +184,7 @@ TEST(Gemma2Golden, OffloadedForwardEqualsResidentAndRestoresTheWeights) {
 }
 
 TEST(Gemma2Golden, SlidingWindowMattersBeyondTheWindowOnly) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto ref = sf::test::load_ref("text_encoder_forward.safetensors");
     auto config = Gemma2Config::from_json_file(sf::test::golden_path("text_encoder"));
     config.sliding_window = std::nullopt;  // every layer attends to the whole prefix
@@ -205,7 +200,7 @@ TEST(Gemma2Golden, SlidingWindowMattersBeyondTheWindowOnly) {
 }
 
 TEST(Gemma2Golden, RealTokensIgnoreWhatIsInThePadding) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto model = golden_model();
     auto ref = sf::test::load_ref("text_encoder_forward.safetensors");
     torch::NoGradGuard no_grad;
@@ -227,7 +222,7 @@ TEST(Gemma2Golden, RealTokensIgnoreWhatIsInThePadding) {
 }
 
 TEST(Gemma2Golden, DeterministicAndBf16Close) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto model = golden_model();
     auto ref = sf::test::load_ref("text_encoder_forward.safetensors");
     torch::NoGradGuard no_grad;
@@ -279,7 +274,7 @@ TEST(Gemma2Model, RefusesBadInputs) {
 }
 
 TEST(Gemma2Weights, RefusesMissingAndMisshapedTensorsNamingAll) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto config = Gemma2Config::from_json_file(sf::test::golden_path("text_encoder"));
     config.num_hidden_layers = 3;
     config.intermediate_size = 80;
@@ -297,7 +292,7 @@ TEST(Gemma2Weights, RefusesMissingAndMisshapedTensorsNamingAll) {
 }
 
 TEST(Gemma2Weights, LoadsACausalLMCheckpoint) {
-    if (!have_golden()) GTEST_SKIP() << "no golden data";
+    SF_REQUIRE_GOLDEN("text_encoder/config.json");
     auto model = golden_model();
     // Gemma2ForCausalLM's layout: the decoder under "model.", plus the tied head.
     auto holder = std::make_shared<torch::nn::Module>();

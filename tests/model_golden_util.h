@@ -30,6 +30,16 @@ inline std::string golden_path(const std::string& rel) {
 // A reference file under golden/refs by file name.
 inline std::string ref_path(const std::string& file) { return golden_path("refs/" + file); }
 
+// The golden data is committed with the tests: a test that needs it fails without it (it never
+// skips, or a lost directory would pass every golden test silently).
+#define SF_REQUIRE_GOLDEN(rel)                                                                \
+    do {                                                                                      \
+        if (!std::filesystem::exists(sf::test::golden_path(rel))) {                           \
+            FAIL() << "golden data missing: " << sf::test::golden_path(rel)                   \
+                   << " (committed under tests/data/golden; restore it)";                     \
+        }                                                                                     \
+    } while (0)
+
 // Every tensor of a safetensors file, copied into CPU tensors (dtype as stored). `file` is a path,
 // or a bare file name under golden/refs. Throws sf::Error naming the file when it cannot be read.
 inline std::map<std::string, at::Tensor> load_ref(const std::string& file) {

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/common/weights.h"
+#include "model_golden_util.h"
 #include "test_util.h"
 
 namespace {
@@ -97,8 +98,8 @@ TEST(Weights, ReportsEveryMissingUnexpectedAndMisshapedTensorAtOnce) {
 
 TEST(Weights, LoadsAnUpstreamDiffusersFileByName) {
     // The golden transformer file is written by diffusers itself: keys as upstream saves them.
-    const std::string path = std::string(SANAFLOW_TEST_DATA) + "/golden/transformer/diffusion_pytorch_model.safetensors";
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << "no golden data at " << path;
+    SF_REQUIRE_GOLDEN("transformer/diffusion_pytorch_model.safetensors");
+    const std::string path = sf::test::golden_path("transformer/diffusion_pytorch_model.safetensors");
     Tiny unrelated(8);
     try {
         sf::model::load_weights(*unrelated, path);
