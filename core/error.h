@@ -39,7 +39,8 @@ private:
 // exception escaping a stage is fatal and cancels the run.
 class Reject : public Error {
 public:
-    explicit Reject(const std::string& reason) : Error(ErrorCode::kInvalidArgument, reason), reason_(reason) {}
+    explicit Reject(const std::string& reason)
+        : Error(ErrorCode::kInvalidArgument, reason), reason_(reason) {}
     const std::string& reason() const { return reason_; }
 
 private:
@@ -48,11 +49,16 @@ private:
 
 inline const char* error_code_name(ErrorCode code) {
     switch (code) {
-        case ErrorCode::kInvalidArgument: return "invalid argument";
-        case ErrorCode::kNotFound: return "not found";
-        case ErrorCode::kCorruption: return "corruption";
-        case ErrorCode::kIOError: return "I/O error";
-        case ErrorCode::kOutOfMemory: return "out of memory";
+        case ErrorCode::kInvalidArgument:
+            return "invalid argument";
+        case ErrorCode::kNotFound:
+            return "not found";
+        case ErrorCode::kCorruption:
+            return "corruption";
+        case ErrorCode::kIOError:
+            return "I/O error";
+        case ErrorCode::kOutOfMemory:
+            return "out of memory";
     }
     return "error";
 }

@@ -21,11 +21,13 @@ void set_status_line(const std::string& text, bool final = false);
 
 template <typename... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kInfo) log_line(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kInfo)
+        log_line(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_warn(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kWarn) log_line(LogLevel::kWarn, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kWarn)
+        log_line(LogLevel::kWarn, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_error(fmt::format_string<Args...> f, Args&&... args) {
@@ -33,7 +35,8 @@ void log_error(fmt::format_string<Args...> f, Args&&... args) {
 }
 template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kDebug) log_line(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kDebug)
+        log_line(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
 }
 
 // Human-readable byte count: "1.25 GiB".

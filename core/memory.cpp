@@ -6,7 +6,6 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -82,7 +81,8 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             // Best fit among pooled blocks up to twice the size: the sizes of one forward pass
             // differ from those of the next batch shape, and an exact match would miss there.
-            for (auto it = free_.lower_bound(capacity); it != free_.end() && it->first <= 2 * capacity; ++it) {
+            for (auto it = free_.lower_bound(capacity);
+                 it != free_.end() && it->first <= 2 * capacity; ++it) {
                 if (it->second.empty()) continue;
                 void* base = it->second.back();
                 it->second.pop_back();
@@ -166,8 +166,8 @@ public:
 private:
     std::mutex mutex_;
     std::map<int64_t, std::vector<void*>> free_;  // capacity -> blocks
-    int64_t live_ = 0;       // capacity of the large blocks in use
-    int64_t peak_live_ = 0;  // the most live_ has been since the last empty()
+    int64_t live_ = 0;                            // capacity of the large blocks in use
+    int64_t peak_live_ = 0;                       // the most live_ has been since the last empty()
     int64_t pooled_ = 0;
     int64_t limit_ = default_limit();
 
@@ -200,7 +200,8 @@ void counting_free(void* data) {
 // A block with its header; capacity 0 in the header marks a small block from the C library.
 void* allocate_block(int64_t size) {
     int64_t capacity = size >= kPoolMin ? size_class(size) : 0;
-    void* base = capacity > 0 ? pool().allocate(capacity) : c10::alloc_cpu(static_cast<size_t>(size) + kHeader);
+    void* base = capacity > 0 ? pool().allocate(capacity)
+                              : c10::alloc_cpu(static_cast<size_t>(size) + kHeader);
     std::memcpy(base, &size, sizeof(size));
     std::memcpy(static_cast<char*>(base) + sizeof(size), &capacity, sizeof(capacity));
     return base;
@@ -214,8 +215,9 @@ public:
         const int64_t budget = g_budget.load(std::memory_order_relaxed);
         if (budget > 0 && now > budget) {
             g_current.fetch_sub(size, std::memory_order_relaxed);
-            TORCH_CHECK_WITH(OutOfMemoryError, false, "sanaflow CPU byte budget exceeded: tried to allocate ",
-                             nbytes, " bytes with ", now - size, " of ", budget, " bytes in use");
+            TORCH_CHECK_WITH(OutOfMemoryError, false,
+                             "sanaflow CPU byte budget exceeded: tried to allocate ", nbytes,
+                             " bytes with ", now - size, " of ", budget, " bytes in use");
         }
         void* base = nullptr;
         try {
@@ -283,8 +285,8 @@ int64_t release_memory(const std::string& where) {
     const int64_t pooled = pool().pooled();
     const int64_t rss_before = rss_bytes();
     empty_cache();
-    log_info("memory released at {}: {} pooled, rss {} -> {}", where, format_bytes(pooled), format_bytes(rss_before),
-             format_bytes(rss_bytes()));
+    log_info("memory released at {}: {} pooled, rss {} -> {}", where, format_bytes(pooled),
+             format_bytes(rss_before), format_bytes(rss_bytes()));
     return pooled;
 }
 
@@ -302,15 +304,17 @@ Mark MemoryLog::mark(const std::string& stage, const std::string& point) {
     Mark m;
     m.stage = stage;
     m.point = point;
-    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
+    m.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
     m.cpu = cpu_stats();
     m.cuda = cuda_stats(0);
     m.rss = rss_bytes();
     m.peak_rss = peak_rss_bytes();
     if (verbose_) {
-        std::string cuda = cuda_available() ? fmt::format(" cuda {} (peak {})", format_bytes(m.cuda.current),
-                                                          format_bytes(m.cuda.peak))
-                                            : "";
+        std::string cuda = cuda_available()
+                               ? fmt::format(" cuda {} (peak {})", format_bytes(m.cuda.current),
+                                             format_bytes(m.cuda.peak))
+                               : "";
         log_info("memory {}/{}: tensors {} (peak {}){} rss {} (peak {})", stage, point,
                  format_bytes(m.cpu.current), format_bytes(m.cpu.peak), cuda, format_bytes(m.rss),
                  format_bytes(m.peak_rss));
@@ -332,12 +336,14 @@ void MemoryLog::clear() {
 
 std::string MemoryLog::table() const {
     auto rows = marks();
-    std::string out = fmt::format("{:<16} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "stage",
-                                  "point", "tensors", "tensor peak", "cuda", "cuda peak", "rss", "rss peak");
+    std::string out =
+        fmt::format("{:<16} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "stage", "point",
+                    "tensors", "tensor peak", "cuda", "cuda peak", "rss", "rss peak");
     for (const Mark& m : rows) {
-        out += fmt::format("{:<16} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", m.stage, m.point,
-                           format_bytes(m.cpu.current), format_bytes(m.cpu.peak), format_bytes(m.cuda.current),
-                           format_bytes(m.cuda.peak), format_bytes(m.rss), format_bytes(m.peak_rss));
+        out += fmt::format("{:<16} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", m.stage,
+                           m.point, format_bytes(m.cpu.current), format_bytes(m.cpu.peak),
+                           format_bytes(m.cuda.current), format_bytes(m.cuda.peak),
+                           format_bytes(m.rss), format_bytes(m.peak_rss));
     }
     return out;
 }

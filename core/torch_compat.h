@@ -20,14 +20,15 @@
 #endif
 
 #define SF_TORCH_AT_LEAST(major, minor) \
-    (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+    (TORCH_VERSION_MAJOR > (major) ||   \
+     (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 // c10::Allocator: 2.3 made allocate() non-const and added a pure virtual copy_data().
 #if SF_TORCH_AT_LEAST(2, 3)
 #define SF_COMPAT_ALLOCATE_CONST
-#define SF_COMPAT_ALLOCATOR_COPY_DATA                                                  \
-    void copy_data(void* dest, const void* src, std::size_t count) const override {    \
-        std::memcpy(dest, src, count);                                                 \
+#define SF_COMPAT_ALLOCATOR_COPY_DATA                                               \
+    void copy_data(void* dest, const void* src, std::size_t count) const override { \
+        std::memcpy(dest, src, count);                                              \
     }
 #else
 #define SF_COMPAT_ALLOCATE_CONST const

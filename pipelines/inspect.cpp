@@ -8,8 +8,8 @@
 
 #include "core/log.h"
 #include "storage/cache.h"
-#include "storage/cache_schema.h"
 #include "storage/cache_reader.h"
+#include "storage/cache_schema.h"
 #include "storage/fingerprint.h"
 #include "storage/tensor_record.h"
 
@@ -24,14 +24,17 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
     std::string& out = result.text;
 
     out += fmt::format("cache {}\n", cache_dir);
-    out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", "db", "entries", "stored", "uncompressed", "ratio");
+    out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", "db", "entries", "stored",
+                       "uncompressed", "ratio");
     for (const auto& s : cache.stats()) {
         const bool is_record_db = !storage::is_reserved_db(s.db);
-        const std::string ratio = is_record_db && s.stored_bytes > 0
-                                      ? fmt::format("{:.2f}", static_cast<double>(s.uncompressed_bytes) /
-                                                                  static_cast<double>(s.stored_bytes))
-                                      : "-";
-        out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", s.db, s.entries, format_bytes(s.stored_bytes),
+        const std::string ratio =
+            is_record_db && s.stored_bytes > 0
+                ? fmt::format("{:.2f}", static_cast<double>(s.uncompressed_bytes) /
+                                            static_cast<double>(s.stored_bytes))
+                : "-";
+        out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", s.db, s.entries,
+                           format_bytes(s.stored_bytes),
                            is_record_db ? format_bytes(s.uncompressed_bytes) : "-", ratio);
     }
 
@@ -45,7 +48,8 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
         reader.for_each([&](std::string_view key, std::string_view frame) {
             try {
                 auto record = storage::decode_record(frame, std::string(key));
-                if (auto t = record.metadata.find(storage::schema::kTokens); t != record.metadata.end()) {
+                if (auto t = record.metadata.find(storage::schema::kTokens);
+                    t != record.metadata.end()) {
                     const int64_t n = std::stoll(t->second);
                     int64_t bin = 1;
                     while (bin < n) bin *= 2;
@@ -63,8 +67,9 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
             }
         });
         if (with_tokens > 0) {
-            out += fmt::format("{} tokens per record: min {} mean {:.1f} max {}; up to", db, tokens_min,
-                               static_cast<double>(tokens_sum) / static_cast<double>(with_tokens), tokens_max);
+            out += fmt::format(
+                "{} tokens per record: min {} mean {:.1f} max {}; up to", db, tokens_min,
+                static_cast<double>(tokens_sum) / static_cast<double>(with_tokens), tokens_max);
             for (const auto& [bin, n] : token_bins) out += fmt::format(" {}={}", bin, n);
             out += "\n";
         }
@@ -85,7 +90,8 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
     out += fmt::format("rejects: {}\n", rejects.size());
     constexpr size_t kShown = 20;
     for (size_t i = 0; i < rejects.size() && i < kShown; ++i) {
-        out += fmt::format("  [{}] {}: {}\n", rejects[i].stage, rejects[i].source, rejects[i].reason);
+        out +=
+            fmt::format("  [{}] {}: {}\n", rejects[i].stage, rejects[i].source, rejects[i].reason);
     }
     if (rejects.size() > kShown) out += fmt::format("  ... and {} more\n", rejects.size() - kShown);
 
@@ -95,7 +101,8 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
         for (const auto& db : report.dbs) {
             // Every corrupt key is kept; messages only for the first ones.
             for (size_t i = 0; i < db.corrupt_keys.size(); ++i) {
-                out += fmt::format("  corrupt {}/{}{}{}\n", db.db, db.corrupt_keys[i], i < db.errors.size() ? ": " : "",
+                out += fmt::format("  corrupt {}/{}{}{}\n", db.db, db.corrupt_keys[i],
+                                   i < db.errors.size() ? ": " : "",
                                    i < db.errors.size() ? db.errors[i] : "");
             }
         }

@@ -6,8 +6,8 @@
 namespace sf::pipelines {
 
 struct InspectResult {
-    std::string text;   // the printed report
-    bool ok = true;     // false when verification found a corrupt record
+    std::string text;  // the printed report
+    bool ok = true;    // false when verification found a corrupt record
 };
 
 InspectResult inspect_cache(const std::string& cache_dir, bool verify);

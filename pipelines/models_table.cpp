@@ -17,27 +17,29 @@ std::string row(const std::string& name, const std::string& kind, int64_t params
         if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
         grouped += digits[i];
     }
-    return fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", name, kind, grouped, format_bytes(params * 4),
-                       format_bytes(params * 2));
+    return fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", name, kind, grouped,
+                       format_bytes(params * 4), format_bytes(params * 2));
 }
 
 }  // namespace
 
 std::string models_table() {
-    std::string out = fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", "name", "model", "parameters",
-                                  "fp32", "bf16");
+    std::string out = fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", "name", "model",
+                                  "parameters", "fp32", "bf16");
     for (const std::string& name : model::SanaTransformerConfig::names()) {
         out += row(name, "SanaTransformer2DModel",
                    model::sana_parameter_count(model::SanaTransformerConfig::named(name)));
     }
     for (const std::string& name : model::AutoencoderDCConfig::names()) {
         const auto config = model::AutoencoderDCConfig::named(name);
-        out += row(name, "AutoencoderDC", model::dc_ae_parameter_count(config, /*with_decoder=*/true));
+        out +=
+            row(name, "AutoencoderDC", model::dc_ae_parameter_count(config, /*with_decoder=*/true));
         out += row(name + " (encoder)", "AutoencoderDC encoder (for caching)",
                    model::dc_ae_parameter_count(config, /*with_decoder=*/false));
     }
     for (const std::string name : {"gemma-2-2b", "gemma-2-tiny"}) {
-        out += row(name, "Gemma2Model (text encoder)", model::gemma2_parameter_count(model::Gemma2Config::named(name)));
+        out += row(name, "Gemma2Model (text encoder)",
+                   model::gemma2_parameter_count(model::Gemma2Config::named(name)));
     }
     return out;
 }

@@ -206,7 +206,8 @@ std::map<std::string, Fingerprint> Cache::fingerprints() {
     LMDBCursor cursor(txn, *db);
     for (bool ok = cursor.first(); ok; ok = cursor.next()) {
         std::string stage(cursor.key());
-        out[stage] = fingerprint_from_json(cursor.value(), "cache " + dir() + " fingerprint of stage '" + stage + "'");
+        out[stage] = fingerprint_from_json(
+            cursor.value(), "cache " + dir() + " fingerprint of stage '" + stage + "'");
     }
     return out;
 }

@@ -18,7 +18,8 @@ TensorData int32_pair(int64_t a, int64_t b) {
     return t;
 }
 
-std::pair<int64_t, int64_t> int32_pair_of(const Record& r, const char* name, const std::string& where) {
+std::pair<int64_t, int64_t> int32_pair_of(const Record& r, const char* name,
+                                          const std::string& where) {
     const TensorData& t = required_tensor(r, name, where);
     if (t.dtype != DType::kI32 || t.shape != std::vector<int64_t>{2}) {
         throw Error::Corruption(fmt::format("{}: tensor '{}' is not int32 [2]", where, name));
@@ -49,7 +50,7 @@ std::string Bucket::name() const {
 Bucket Bucket::parse(const std::string& name, const std::string& where) {
     std::vector<std::string> parts;
     size_t start = 0;
-    for (size_t x = name.find('x'); ; x = name.find('x', start)) {
+    for (size_t x = name.find('x');; x = name.find('x', start)) {
         parts.push_back(name.substr(start, x == std::string::npos ? std::string::npos : x - start));
         if (x == std::string::npos) break;
         start = x + 1;
@@ -59,19 +60,24 @@ Bucket Bucket::parse(const std::string& name, const std::string& where) {
     size_t i = 0;
     if (ok && parts.size() == 3) ok = parse_dim(parts[i++], b.frames);
     if (ok) ok = parse_dim(parts[i], b.height) && parse_dim(parts[i + 1], b.width);
-    if (!ok) throw Error::Corruption(fmt::format("{}: bucket '{}' is neither HxW nor FxHxW", where, name));
+    if (!ok)
+        throw Error::Corruption(
+            fmt::format("{}: bucket '{}' is neither HxW nor FxHxW", where, name));
     return b;
 }
 
 const std::string& required_meta(const Record& record, const char* key, const std::string& where) {
     auto it = record.metadata.find(key);
-    if (it == record.metadata.end()) throw Error::Corruption(fmt::format("{}: metadata '{}' missing", where, key));
+    if (it == record.metadata.end())
+        throw Error::Corruption(fmt::format("{}: metadata '{}' missing", where, key));
     return it->second;
 }
 
-const TensorData& required_tensor(const Record& record, const char* name, const std::string& where) {
+const TensorData& required_tensor(const Record& record, const char* name,
+                                  const std::string& where) {
     auto it = record.tensors.find(name);
-    if (it == record.tensors.end()) throw Error::Corruption(fmt::format("{}: tensor '{}' missing", where, name));
+    if (it == record.tensors.end())
+        throw Error::Corruption(fmt::format("{}: tensor '{}' missing", where, name));
     return it->second;
 }
 
@@ -129,7 +135,8 @@ std::vector<std::string> manifest_keys(const Record& record, const std::string& 
         keys.push_back(bytes.substr(start, i - start));
         start = i + 1;
     }
-    if (start != bytes.size()) throw Error::Corruption(where + ": manifest keys do not end in a newline");
+    if (start != bytes.size())
+        throw Error::Corruption(where + ": manifest keys do not end in a newline");
     return keys;
 }
 

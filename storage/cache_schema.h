@@ -28,7 +28,7 @@ constexpr const char* kEncodeVAEStage = "encode_vae";
 constexpr const char* kPrepStage = "prep";  // the manifest
 
 // --- Tensor names ------------------------------------------------------------------------------
-constexpr const char* kLatent = "latent";               // latents: [C, h, w] (scaled), dtype of the VAE
+constexpr const char* kLatent = "latent";  // latents: [C, h, w] (scaled), dtype of the VAE
 constexpr const char* kPromptEmbeds = "prompt_embeds";  // text: [tokens, hidden], valid tokens only
 constexpr const char* kOriginalSize = "original_size";  // samples: int32 [2] = (height, width)
 constexpr const char* kBucketSize = "bucket_size";      // samples: int32 [2] = (height, width)
@@ -48,8 +48,8 @@ constexpr const char* kBucketRatio = "bucket_ratio";  // the bucket table's aspe
 constexpr const char* kLatentKey = "latent_key";      // key of its record in the latents db
 constexpr const char* kTextKey = "text_key";          // key of its record in the text db
 // Text records:
-constexpr const char* kTokens = "tokens";          // valid tokens stored
-constexpr const char* kMaxLength = "max_length";   // the encoder's padded length
+constexpr const char* kTokens = "tokens";         // valid tokens stored
+constexpr const char* kMaxLength = "max_length";  // the encoder's padded length
 // The manifest:
 constexpr const char* kCount = "count";  // number of sample keys
 

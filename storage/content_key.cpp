@@ -15,7 +15,9 @@ namespace sf::storage {
 namespace {
 
 // Length-prefixed, so ("ab", "c") and ("a", "bc") never hash alike.
-void update_framed(XXH3Hasher& h, std::string_view bytes) { h.update_u64(bytes.size()).update(bytes); }
+void update_framed(XXH3Hasher& h, std::string_view bytes) {
+    h.update_u64(bytes.size()).update(bytes);
+}
 
 }  // namespace
 
@@ -92,6 +94,5 @@ std::string content_key_of_file(const std::string& path,
     for (const auto& [name, value] : params) key.add_param(name, value);
     return key.hex();
 }
-
 
 }  // namespace sf::storage

@@ -52,8 +52,8 @@ std::vector<std::string> fingerprint_diff(const Fingerprint& stored, const Finge
         auto b = wanted.find(key);
         bool same = a != stored.end() && b != wanted.end() && a->second == b->second;
         if (!same) {
-            lines.push_back(key + ": " + stored_by + " has " + value_or_none(stored, key) + ", run wants " +
-                            value_or_none(wanted, key));
+            lines.push_back(key + ": " + stored_by + " has " + value_or_none(stored, key) +
+                            ", run wants " + value_or_none(wanted, key));
         }
     }
     return lines;

@@ -14,9 +14,9 @@ TEST(MemoryMeter, CountsExactBytesOfKnownAllocations) {
     const int64_t before = cpu_stats().current;
     const int64_t live_before = sf::mem::cpu_live_allocations();
     {
-        auto a = torch::empty({1000}, torch::kFloat32);         // 4000 bytes
-        auto b = torch::empty({10, 10}, torch::kFloat64);       // 800 bytes
-        auto c = torch::empty({3, 7}, torch::kBFloat16);        // 42 bytes
+        auto a = torch::empty({1000}, torch::kFloat32);    // 4000 bytes
+        auto b = torch::empty({10, 10}, torch::kFloat64);  // 800 bytes
+        auto c = torch::empty({3, 7}, torch::kBFloat16);   // 42 bytes
         EXPECT_EQ(cpu_stats().current - before, 4000 + 800 + 42);
         EXPECT_EQ(sf::mem::cpu_live_allocations() - live_before, 3);
         auto view = a.slice(0, 0, 10);  // a view allocates nothing
@@ -59,7 +59,8 @@ float train_step(torch::nn::Sequential& net, const torch::Tensor& x) {
 
 TEST(MemoryMeter, BudgetThrowsInForwardAndRetrySucceeds) {
     torch::manual_seed(0);
-    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
+    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(),
+                              torch::nn::Linear(2048, 512));
     auto x = torch::randn({256, 512});
     const int64_t base = cpu_stats().current;
     const int64_t live = sf::mem::cpu_live_allocations();
@@ -75,7 +76,8 @@ TEST(MemoryMeter, BudgetThrowsInForwardAndRetrySucceeds) {
 
 TEST(MemoryMeter, BudgetThrowsInBackward) {
     torch::manual_seed(0);
-    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
+    torch::nn::Sequential net(torch::nn::Linear(512, 2048), torch::nn::ReLU(),
+                              torch::nn::Linear(2048, 512));
     auto x = torch::randn({256, 512});
     train_step(net, x);  // gradients exist now, so the measured step allocates no new .grad
     net->zero_grad();

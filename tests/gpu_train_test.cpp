@@ -6,8 +6,8 @@
 #include <torch/torch.h>
 
 #include "core/memory.h"
-#include "model/gemma/gemma2.h"
 #include "model/common/lora.h"
+#include "model/gemma/gemma2.h"
 #include "model/sana/sana_transformer.h"
 #include "stages/train/train_step.h"
 
@@ -28,7 +28,8 @@ SanaTransformerConfig config() {
 
 sf::train::MicroBatch batch(int64_t grid) {
     torch::manual_seed(5);
-    return {torch::randn({2, 32, grid, grid}), torch::randn({2, 40, 64}), torch::ones({2, 40}, torch::kLong)};
+    return {torch::randn({2, 32, grid, grid}), torch::randn({2, 40, 64}),
+            torch::ones({2, 40}, torch::kLong)};
 }
 
 // Peak CUDA bytes of one step with `o`, after a first step has made the optimizer state.
@@ -36,13 +37,16 @@ int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
-    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 10), o, c10::Device(c10::kCUDA, 0));
+    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+                              sf::train::LRSchedule("constant", 1e-4, 0, 10), o,
+                              c10::Device(c10::kCUDA, 0));
     const auto b = batch(grid);
     at::Generator gen = at::detail::createCPUGenerator(0);
     const int64_t micro = b.latents.size(0) / o.accumulation;
     auto load = [&](int64_t k) {
-        return sf::train::MicroBatch{b.latents.slice(0, k * micro, (k + 1) * micro), b.prompt_embeds.slice(0, k * micro, (k + 1) * micro),
-                              b.prompt_mask.slice(0, k * micro, (k + 1) * micro)};
+        return sf::train::MicroBatch{b.latents.slice(0, k * micro, (k + 1) * micro),
+                                     b.prompt_embeds.slice(0, k * micro, (k + 1) * micro),
+                                     b.prompt_mask.slice(0, k * micro, (k + 1) * micro)};
     };
     step.step(load, gen);
     step.step(load, gen);
@@ -84,10 +88,12 @@ TEST(GpuTrain, StepsOnTheGpuMatchTheCpu) {
                                   sf::train::LRSchedule("constant", 1e-4, 0, 10), {}, device);
         const auto b = batch(16);
         at::Generator gen = at::detail::createCPUGenerator(0);
-        for (int k = 0; k < 3; ++k) losses[i].push_back(step.step([&](int64_t) { return b; }, gen).loss);
+        for (int k = 0; k < 3; ++k)
+            losses[i].push_back(step.step([&](int64_t) { return b; }, gen).loss);
         for (const auto& p : model->parameters()) updated[i].push_back(p.detach().cpu());
     }
-    for (int k = 0; k < 3; ++k) EXPECT_NEAR(losses[0][k], losses[1][k], 1e-3 * std::abs(losses[0][k])) << k;
+    for (int k = 0; k < 3; ++k)
+        EXPECT_NEAR(losses[0][k], losses[1][k], 1e-3 * std::abs(losses[0][k])) << k;
     ASSERT_EQ(updated[0].size(), updated[1].size());
     for (size_t j = 0; j < initial.size(); ++j) {
         const double moved = (updated[0][j] - initial[j]).norm().item<double>();
@@ -133,7 +139,8 @@ TEST(GpuOffload, TextEncoderLayersOneAtATimeKeepTheDevicePeakBelowTheWeights) {
     resident->set_offload(std::nullopt);
     const auto on_cpu = resident->forward(ids);
     EXPECT_TRUE(torch::allclose(offloaded, on_cpu, 1e-3, 1e-4));
-    EXPECT_LT(offload_peak, weight_bytes / 2) << "offload peak " << offload_peak << " weights " << weight_bytes;
+    EXPECT_LT(offload_peak, weight_bytes / 2)
+        << "offload peak " << offload_peak << " weights " << weight_bytes;
 }
 
 }  // namespace

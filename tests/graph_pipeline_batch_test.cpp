@@ -55,13 +55,14 @@ TEST(LinearPipelineBatch, SourceOrderCutsTheSameBatchesWhateverTheTiming) {
         std::vector<std::vector<int64_t>> batches;
         LinearPipeline pipeline("ordered", 6);
         pipeline.source("count", count_to(14))
-            .parallel("prep", 3,
-                      [run](std::any&& x) -> std::any {
-                          const int64_t i = as_int(x);
-                          if (i == 5) throw Reject("item 5 is bad");
-                          std::this_thread::sleep_for(std::chrono::milliseconds((i * 7 + run * 3) % 5));
-                          return std::move(x);
-                      })
+            .parallel(
+                "prep", 3,
+                [run](std::any&& x) -> std::any {
+                    const int64_t i = as_int(x);
+                    if (i == 5) throw Reject("item 5 is bad");
+                    std::this_thread::sleep_for(std::chrono::milliseconds((i * 7 + run * 3) % 5));
+                    return std::move(x);
+                })
             .serial_batched(
                 "vae", 3,
                 [&](std::vector<std::any>&& xs) {
@@ -74,7 +75,8 @@ TEST(LinearPipelineBatch, SourceOrderCutsTheSameBatchesWhateverTheTiming) {
             .sink("write", [](std::any&&) {})
             .progress(quiet());
         const RunStats stats = with_watchdog(10s, [&] { return pipeline.run(); });
-        EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 6}, {7, 8, 9}, {10, 11, 12}, {13}}))
+        EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{
+                               {0, 1, 2}, {3, 4, 6}, {7, 8, 9}, {10, 11, 12}, {13}}))
             << "run " << run;
         EXPECT_EQ(stats.completed, 13);
         EXPECT_EQ(stats.rejected, 1);

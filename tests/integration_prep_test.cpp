@@ -5,21 +5,21 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
-#include <map>
 #include <set>
 #include <thread>
 
 #include "core/error.h"
+#include "integration_util.h"
+#include "model/dc_ae/autoencoder_dc_config.h"
 #include "pipelines/inspect.h"
 #include "pipelines/prep/prep.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_writer.h"
-#include "model/dc_ae/autoencoder_dc_config.h"
 #include "storage/tensor_record.h"
-#include "integration_util.h"
 #include "test_util.h"
 
 namespace {
@@ -33,13 +33,15 @@ using sf::test::write_dataset;
 using sf::test::write_image;
 
 int64_t samples_in(const std::string& cache_dir) {
-    return static_cast<int64_t>(sf::storage::CacheReader(sf::storage::Cache::open(cache_dir), "samples").count());
+    return static_cast<int64_t>(
+        sf::storage::CacheReader(sf::storage::Cache::open(cache_dir), "samples").count());
 }
 
 TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
     TempDir tmp("sf_prep");
     write_dataset(tmp.path() / "data", 0, 12);
-    sf::test::write_file(tmp.path() / "data" / "cut.jpg", std::string("\xFF\xD8\xFF\xE0garbage", 10));
+    sf::test::write_file(tmp.path() / "data" / "cut.jpg",
+                         std::string("\xFF\xD8\xFF\xE0garbage", 10));
     sf::test::write_file(tmp.path() / "data" / "cut.txt", "a cut file");
     cv::imwrite(tmp.file("data/small.png"), cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)));
     sf::test::write_file(tmp.path() / "data" / "small.txt", "too small");
@@ -83,14 +85,18 @@ TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
         const auto& latent = r.tensors.at("latent");
         ASSERT_EQ(latent.shape.size(), 3u);
         // [C, H / r, W / r] of the bucket the record names.
-        const int64_t ratio = sf::model::AutoencoderDCConfig::named("dc-ae-tiny").spatial_compression_ratio();
-        EXPECT_EQ(latent.shape[0], sf::model::AutoencoderDCConfig::named("dc-ae-tiny").latent_channels);
-        EXPECT_EQ(std::to_string(latent.shape[1] * ratio) + "x" + std::to_string(latent.shape[2] * ratio),
-                  r.metadata.at("bucket"));
+        const int64_t ratio =
+            sf::model::AutoencoderDCConfig::named("dc-ae-tiny").spatial_compression_ratio();
+        EXPECT_EQ(latent.shape[0],
+                  sf::model::AutoencoderDCConfig::named("dc-ae-tiny").latent_channels);
+        EXPECT_EQ(
+            std::to_string(latent.shape[1] * ratio) + "x" + std::to_string(latent.shape[2] * ratio),
+            r.metadata.at("bucket"));
         EXPECT_EQ(r.metadata.at("stage"), "encode_vae");
     });
     sf::storage::CacheReader texts(cache, "text");
-    EXPECT_EQ(texts.count(), 15u);  // 12 captions, the 2 of images decode rejects later, the empty prompt
+    EXPECT_EQ(texts.count(),
+              15u);  // 12 captions, the 2 of images decode rejects later, the empty prompt
 
     // Unchanged dataset: nothing decoded, no model loaded, nothing written.
     auto second = run_prep(o);
@@ -130,7 +136,8 @@ TEST(PrepIntegration, CachesSamplesRejectsBadOnesAndResumes) {
     EXPECT_NE(inspect.text.find("verify: "), std::string::npos);
     EXPECT_NE(inspect.text.find("0 corrupt"), std::string::npos) << inspect.text;
     for (const char* stage : {"decode_image", "encode_text", "encode_vae"}) {
-        EXPECT_NE(inspect.text.find(std::string("  ") + stage + " "), std::string::npos) << stage << inspect.text;
+        EXPECT_NE(inspect.text.find(std::string("  ") + stage + " "), std::string::npos)
+            << stage << inspect.text;
     }
 }
 
@@ -184,10 +191,10 @@ TEST(PrepIntegration, KilledRunLeavesValidRecordsAndRerunCompletes) {
     ASSERT_GE(child, 0);
     if (child == 0) {
         // Exec, so the child is a clean process with its own threads.
-        ::execl(kSanaflow.c_str(), "sanaflow", "-q", "prep", "--instance_data_dir", o.instance_data_dir.c_str(),
-                "--cache_dir", o.cache_dir.c_str(), "--resolution", "512", "--min_side", "128",
-                "--dataloader_num_workers", "1", "--commit_batch", "2", "--vae_batch_size", "1",
-                static_cast<char*>(nullptr));
+        ::execl(kSanaflow.c_str(), "sanaflow", "-q", "prep", "--instance_data_dir",
+                o.instance_data_dir.c_str(), "--cache_dir", o.cache_dir.c_str(), "--resolution",
+                "512", "--min_side", "128", "--dataloader_num_workers", "1", "--commit_batch", "2",
+                "--vae_batch_size", "1", static_cast<char*>(nullptr));
         ::_exit(127);
     }
     // Kill it once some batches are committed, well before the end.
@@ -240,18 +247,24 @@ TEST(PrepIntegration, SameInputGivesTheSameCacheBytes) {
     run_prep(b);
     for (const char* db : {"samples", "latents", "text", "manifest"}) {
         std::map<std::string, std::string> records_a, records_b;
-        sf::storage::CacheReader(sf::storage::Cache::open(a.cache_dir), db).for_each(
-            [&](std::string_view k, std::string_view v) { records_a[std::string(k)] = std::string(v); });
-        sf::storage::CacheReader(sf::storage::Cache::open(b.cache_dir), db).for_each(
-            [&](std::string_view k, std::string_view v) { records_b[std::string(k)] = std::string(v); });
+        sf::storage::CacheReader(sf::storage::Cache::open(a.cache_dir), db)
+            .for_each([&](std::string_view k, std::string_view v) {
+                records_a[std::string(k)] = std::string(v);
+            });
+        sf::storage::CacheReader(sf::storage::Cache::open(b.cache_dir), db)
+            .for_each([&](std::string_view k, std::string_view v) {
+                records_b[std::string(k)] = std::string(v);
+            });
         EXPECT_FALSE(records_a.empty()) << db;
         EXPECT_EQ(records_a.size(), records_b.size()) << db;
         for (const auto& [key, value] : records_a) {
             auto it = records_b.find(key);
             ASSERT_NE(it, records_b.end()) << db << ": " << key << " only in the first cache";
             if (it->second == value) continue;
-            const auto ra = sf::storage::decode_record(value, key), rb = sf::storage::decode_record(it->second, key);
-            for (const auto& [name, t] : ra.tensors) EXPECT_TRUE(t == rb.tensors.at(name)) << db << "/" << key << " tensor " << name;
+            const auto ra = sf::storage::decode_record(value, key),
+                       rb = sf::storage::decode_record(it->second, key);
+            for (const auto& [name, t] : ra.tensors)
+                EXPECT_TRUE(t == rb.tensors.at(name)) << db << "/" << key << " tensor " << name;
             EXPECT_TRUE(ra.metadata == rb.metadata) << db << "/" << key << " metadata";
         }
     }
@@ -273,11 +286,13 @@ TEST(Cli, HelpAndErrors) {
     EXPECT_NE(bad_flag.exit_code, 0);
     EXPECT_NE(bad_flag.output.find("no_such_flag"), std::string::npos) << bad_flag.output;
 
-    auto missing = sf::test::run_command(kSanaflow + " prep --instance_data_dir /nonexistent/dir --cache_dir /tmp/x");
+    auto missing = sf::test::run_command(
+        kSanaflow + " prep --instance_data_dir /nonexistent/dir --cache_dir /tmp/x");
     EXPECT_NE(missing.exit_code, 0);
     EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos) << missing.output;
 
-    auto bad_res = sf::test::run_command(kSanaflow + " prep --instance_data_dir /tmp --cache_dir /tmp/x --resolution 777");
+    auto bad_res = sf::test::run_command(
+        kSanaflow + " prep --instance_data_dir /tmp --cache_dir /tmp/x --resolution 777");
     EXPECT_NE(bad_res.exit_code, 0);
     EXPECT_NE(bad_res.output.find("777"), std::string::npos) << bad_res.output;
 
@@ -293,7 +308,8 @@ TEST(Cli, PrepThenInspectVerifyThroughTheProgram) {
     TempDir tmp("sf_cli");
     write_dataset(tmp.path() / "data", 0, 5);
     auto prep = sf::test::run_command(kSanaflow + " prep --instance_data_dir " + tmp.file("data") +
-                                      " --cache_dir " + tmp.file("cache") + " --resolution 512 --min_side 128");
+                                      " --cache_dir " + tmp.file("cache") +
+                                      " --resolution 512 --min_side 128");
     ASSERT_EQ(prep.exit_code, 0) << prep.output;
     EXPECT_NE(prep.output.find("5 written"), std::string::npos) << prep.output;
     auto inspect = sf::test::run_command(kSanaflow + " inspect " + tmp.file("cache") + " --verify");

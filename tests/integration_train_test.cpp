@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "model/dc_ae/autoencoder_dc_config.h"
 #include "integration_util.h"
+#include "model/dc_ae/autoencoder_dc_config.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
 #include "stages/train/train_data.h"
@@ -60,7 +60,8 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
 }
 
 std::vector<double> losses_in(const std::string& output_dir) {
-    auto j = nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
+    auto j =
+        nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
     return j.at("losses").get<std::vector<double>>();
 }
 
@@ -78,7 +79,8 @@ TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {
     EXPECT_LT(last, 0.8 * first) << "first " << first << " last " << last;
     // Neither encoder was loaded: no stage of theirs marked memory during training.
     const auto marks = sf::mem::memory_log().marks();
-    for (size_t i = marks_before; i < marks.size(); ++i) EXPECT_EQ(marks[i].stage.rfind("encode_", 0), std::string::npos);
+    for (size_t i = marks_before; i < marks.size(); ++i)
+        EXPECT_EQ(marks[i].stage.rfind("encode_", 0), std::string::npos);
     EXPECT_TRUE(fs::exists(out.file("run/transformer/diffusion_pytorch_model.safetensors")));
     EXPECT_TRUE(fs::exists(out.file("run/transformer/config.json")));
     EXPECT_NE(report.phase_table.find("backward"), std::string::npos);
@@ -102,7 +104,8 @@ TEST(TrainIntegration, FineTunesFromItsOwnOutputAndTrainsFromAConfig) {
     const auto fresh = sf::pipelines::run_train(scratch);
     // The same seed draws the same batches and noise in both short runs.
     EXPECT_LT(mean(tuned.losses, 0, 5), 0.9 * mean(fresh.losses, 0, 5));
-    EXPECT_NEAR(mean(fresh.losses, 0, 5), mean(base.losses, 0, 5), 1e-9);  // seeded: the base run's start
+    EXPECT_NEAR(mean(fresh.losses, 0, 5), mean(base.losses, 0, 5),
+                1e-9);  // seeded: the base run's start
 
     auto wrong = train_options(out.file("wrong"));
     wrong.pretrained_model_name_or_path = out.file("nothing-here");
@@ -117,10 +120,25 @@ TEST(TrainIntegration, FineTunesFromItsOwnOutputAndTrainsFromAConfig) {
 TEST(TrainIntegration, KilledAndResumedRunEqualsAnUninterruptedOne) {
     TempDir out("sf_train_resume");
     auto args = [&](const std::string& dir) {
-        return std::vector<std::string>{"sanaflow", "-q", "train", "--cache_dir", shared_cache(), "--output_dir", dir,
-                                        "--max_train_steps", "16", "--train_batch_size", "2", "--learning_rate", "2e-3",
-                                        "--checkpointing_steps", "4", "--caption_dropout", "0.3",
-                                        "--resume_from_checkpoint", "latest"};
+        return std::vector<std::string>{"sanaflow",
+                                        "-q",
+                                        "train",
+                                        "--cache_dir",
+                                        shared_cache(),
+                                        "--output_dir",
+                                        dir,
+                                        "--max_train_steps",
+                                        "16",
+                                        "--train_batch_size",
+                                        "2",
+                                        "--learning_rate",
+                                        "2e-3",
+                                        "--checkpointing_steps",
+                                        "4",
+                                        "--caption_dropout",
+                                        "0.3",
+                                        "--resume_from_checkpoint",
+                                        "latest"};
     };
     auto exec = [](const std::vector<std::string>& a) {
         const pid_t pid = ::fork();
@@ -144,7 +162,8 @@ TEST(TrainIntegration, KilledAndResumedRunEqualsAnUninterruptedOne) {
     // Killed once a checkpoint exists, then resumed from it.
     const pid_t child = exec(args(killed));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < deadline && !fs::exists(killed + "/checkpoint-8/state.json")) {
+    while (std::chrono::steady_clock::now() < deadline &&
+           !fs::exists(killed + "/checkpoint-8/state.json")) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     ::kill(child, SIGKILL);
@@ -169,7 +188,8 @@ TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
     ASSERT_FALSE(file.names().empty());
     for (const auto& name : file.names()) {
         EXPECT_EQ(name.rfind("transformer.transformer_blocks.", 0), 0u) << name;
-        EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos || name.find(".lora_B.weight") != std::string::npos)
+        EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos ||
+                    name.find(".lora_B.weight") != std::string::npos)
             << name;
     }
     // A and B for q, k, v of both attentions (peft matches "to_q" in attn1 and attn2), 2 blocks.
@@ -182,7 +202,9 @@ TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
         sf::pipelines::run_train(o);
         FAIL() << "resumed a rank-4 checkpoint with rank 8";
     } catch (const sf::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("rank: checkpoint has 4, run wants 8"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank: checkpoint has 4, run wants 8"),
+                  std::string::npos)
+            << e.what();
     }
 }
 
@@ -197,21 +219,25 @@ TEST(TrainCli, HelpAndBadFlags) {
     EXPECT_NE(fused_clip.output.find("--max_grad_norm"), std::string::npos) << fused_clip.output;
     // A YAML config holds the same keys; a typed flag wins over the file; an unknown key is named.
     TempDir tmp("sf_train_yaml");
-    sf::test::write_file(tmp.path() / "train.yaml",
-                         "# tiny run\ncache_dir: " + shared_cache() + "\nmax_train_steps: 5\nlearning_rate: 1e-3  # c\n"
-                         "gradient_checkpointing: true\nlora_target_modules: \"to_q,to_k\"\nrank: 2\n");
+    sf::test::write_file(
+        tmp.path() / "train.yaml",
+        "# tiny run\ncache_dir: " + shared_cache() +
+            "\nmax_train_steps: 5\nlearning_rate: 1e-3  # c\n"
+            "gradient_checkpointing: true\nlora_target_modules: \"to_q,to_k\"\nrank: 2\n");
     auto yaml = sf::test::run_command(kSanaflow + " -q train --config " + tmp.file("train.yaml") +
                                       " --max_train_steps 2 --output_dir " + tmp.file("out"));
     EXPECT_EQ(yaml.exit_code, 0) << yaml.output;
     EXPECT_NE(yaml.output.find("trained 2 steps"), std::string::npos) << yaml.output;
     EXPECT_EQ(losses_in(tmp.file("out")).size(), 2u);
     sf::test::write_file(tmp.path() / "bad.yaml", "learning_rat: 1\n");
-    auto bad = sf::test::run_command(kSanaflow + " train --config " + tmp.file("bad.yaml") + " --cache_dir " +
-                                     shared_cache() + " --output_dir " + tmp.file("out2"));
+    auto bad = sf::test::run_command(kSanaflow + " train --config " + tmp.file("bad.yaml") +
+                                     " --cache_dir " + shared_cache() + " --output_dir " +
+                                     tmp.file("out2"));
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.output.find("learning_rat"), std::string::npos) << bad.output;
 
-    auto no_cache = sf::test::run_command(kSanaflow + " train --cache_dir /nonexistent/cache --output_dir /tmp/sf_unused");
+    auto no_cache = sf::test::run_command(
+        kSanaflow + " train --cache_dir /nonexistent/cache --output_dir /tmp/sf_unused");
     EXPECT_NE(no_cache.exit_code, 0);
     EXPECT_NE(no_cache.output.find("/nonexistent/cache"), std::string::npos) << no_cache.output;
 }
@@ -225,7 +251,8 @@ TEST(TrainIntegration, ATrainingSetReadsSeveralCacheShards) {
     sf::pipelines::run_prep(sf::test::options_for(b));
     const auto shard_a = sf::storage::Cache::open(a.file("cache"), false);
     const auto shard_b = sf::storage::Cache::open(b.file("cache"), false);
-    const auto set = sf::train::TrainingSet::open(std::vector<sf::storage::Cache>{shard_a, shard_b});
+    const auto set =
+        sf::train::TrainingSet::open(std::vector<sf::storage::Cache>{shard_a, shard_b});
     ASSERT_EQ(set.samples().size(), 6u);  // the two shared images once
     std::map<size_t, int> per_shard;
     for (const auto& s : set.samples()) ++per_shard[s.shard];
@@ -235,7 +262,8 @@ TEST(TrainIntegration, ATrainingSetReadsSeveralCacheShards) {
     for (const auto& [bucket, indices] : set.buckets()) {
         const auto batch = set.load(indices, 0.0, gen);
         EXPECT_EQ(batch.latents.size(0), static_cast<int64_t>(indices.size()));
-        const int64_t ratio = sf::model::AutoencoderDCConfig::named("dc-ae-tiny").spatial_compression_ratio();
+        const int64_t ratio =
+            sf::model::AutoencoderDCConfig::named("dc-ae-tiny").spatial_compression_ratio();
         EXPECT_EQ(batch.latents.size(2) * ratio, bucket.height) << bucket.name();
         EXPECT_EQ(batch.latents.size(3) * ratio, bucket.width) << bucket.name();
     }

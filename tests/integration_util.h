@@ -18,7 +18,8 @@ inline void write_image(const std::filesystem::path& dir, int i, const std::stri
     const int sizes[][2] = {{300, 300}, {320, 240}, {240, 320}, {200, 400}};
     const auto& s = sizes[i % 4];
     cv::Mat img(s[0], s[1], CV_8UC3, cv::Scalar(i * 7 % 255, i * 13 % 255, i * 29 % 255));
-    cv::circle(img, {s[1] / 2, s[0] / 2}, 40 + i % 50, cv::Scalar(255 - i % 255, 80, 20), cv::FILLED);
+    cv::circle(img, {s[1] / 2, s[0] / 2}, 40 + i % 50, cv::Scalar(255 - i % 255, 80, 20),
+               cv::FILLED);
     const std::string stem = (dir / ("img_" + std::to_string(i))).string();
     ASSERT_TRUE(cv::imwrite(stem + (i % 3 == 0 ? ".png" : ".jpg"), img));
     write_file(stem + ".txt", caption);
@@ -26,7 +27,8 @@ inline void write_image(const std::filesystem::path& dir, int i, const std::stri
 
 inline void write_dataset(const std::filesystem::path& dir, int first, int count) {
     std::filesystem::create_directories(dir);
-    for (int i = first; i < first + count; ++i) write_image(dir, i, "picture number " + std::to_string(i));
+    for (int i = first; i < first + count; ++i)
+        write_image(dir, i, "picture number " + std::to_string(i));
 }
 
 inline sf::pipelines::PrepOptions options_for(const TempDir& tmp) {

@@ -10,6 +10,7 @@
 // The checker is a plain function over a directory tree, so the test also runs it on a tree it
 // writes itself with one wrong include, and sees it caught.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,8 +18,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "graph/cancel.h"
 #include "graph/device_lease.h"
@@ -149,7 +148,8 @@ TEST(Layering, EveryIncludePointsDownTheDependencyOrder) {
 }
 
 TEST(Layering, TheCheckerCatchesAnIncludeThatPointsUp) {
-    const fs::path root = fs::temp_directory_path() / ("sanaflow-layering-" + std::to_string(::getpid()));
+    const fs::path root =
+        fs::temp_directory_path() / ("sanaflow-layering-" + std::to_string(::getpid()));
     fs::remove_all(root);
     auto write = [&](const std::string& rel, const std::string& text) {
         fs::create_directories((root / rel).parent_path());
@@ -162,10 +162,10 @@ TEST(Layering, TheCheckerCatchesAnIncludeThatPointsUp) {
     EXPECT_TRUE(layering_violations(root, sources).empty());
     EXPECT_EQ(sources, 3);
 
-    write("storage/bad.cpp", "#include \"graph/pipeline.h\"\n");     // sideways
-    write("model/bad.cpp", "#include \"stages/train/x.h\"\n");       // up
+    write("storage/bad.cpp", "#include \"graph/pipeline.h\"\n");         // sideways
+    write("model/bad.cpp", "#include \"stages/train/x.h\"\n");           // up
     write("model/sana/bad.h", "\n#include \"model/gemma/gemma2.h\"\n");  // another family
-    write("stages/image/bad.h", "#include \"stages/train/y.h\"\n");  // another stage part
+    write("stages/image/bad.h", "#include \"stages/train/y.h\"\n");      // another stage part
     write("core/bad.h", "#include \"pipelines/prep.h\"  // up\n");
     sources = 0;
     auto found = layering_violations(root, sources);

@@ -11,8 +11,8 @@
 #include <map>
 
 #include "core/error.h"
-#include "model/dc_ae/autoencoder_dc.h"
 #include "model/common/weights.h"
+#include "model/dc_ae/autoencoder_dc.h"
 #include "model_golden_util.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/gemma/gemma2.h"
 #include "model/common/weights.h"
+#include "model/gemma/gemma2.h"
 #include "model_golden_util.h"
 #include "test_util.h"
 
@@ -180,7 +180,8 @@ TEST(Gemma2Golden, OffloadedForwardEqualsResidentAndRestoresTheWeights) {
     for (const auto& p : model->parameters()) after.push_back(p.data_ptr());
     EXPECT_EQ(before, after);  // the host weights themselves, not copies
     model->set_offload(std::nullopt);
-    EXPECT_TRUE(torch::equal(model->forward(ref.at("input_ids"), ref.at("attention_mask")), resident));
+    EXPECT_TRUE(
+        torch::equal(model->forward(ref.at("input_ids"), ref.at("attention_mask")), resident));
 }
 
 TEST(Gemma2Golden, SlidingWindowMattersBeyondTheWindowOnly) {

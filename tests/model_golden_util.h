@@ -32,12 +32,12 @@ inline std::string ref_path(const std::string& file) { return golden_path("refs/
 
 // The golden data is committed with the tests: a test that needs it fails without it (it never
 // skips, or a lost directory would pass every golden test silently).
-#define SF_REQUIRE_GOLDEN(rel)                                                                \
-    do {                                                                                      \
-        if (!std::filesystem::exists(sf::test::golden_path(rel))) {                           \
-            FAIL() << "golden data missing: " << sf::test::golden_path(rel)                   \
-                   << " (committed under tests/data/golden; restore it)";                     \
-        }                                                                                     \
+#define SF_REQUIRE_GOLDEN(rel)                                              \
+    do {                                                                    \
+        if (!std::filesystem::exists(sf::test::golden_path(rel))) {         \
+            FAIL() << "golden data missing: " << sf::test::golden_path(rel) \
+                   << " (committed under tests/data/golden; restore it)";   \
+        }                                                                   \
     } while (0)
 
 // Every tensor of a safetensors file, copied into CPU tensors (dtype as stored). `file` is a path,

@@ -7,9 +7,9 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "model/common/weights.h"
 #include "model/sana/sana_config.h"
 #include "model/sana/sana_transformer.h"
-#include "model/common/weights.h"
 #include "model_golden_util.h"
 #include "test_util.h"
 

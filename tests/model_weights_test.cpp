@@ -39,7 +39,8 @@ TEST(Weights, SaveThenLoadByNameReproducesEveryTensor) {
         EXPECT_EQ(sa[i].first, sb[i].first);
         EXPECT_TRUE(torch::equal(sa[i].second, sb[i].second)) << sa[i].first;
     }
-    const bool has_list_name = std::any_of(sa.begin(), sa.end(), [](const auto& kv) { return kv.first == "blocks.0.weight"; });
+    const bool has_list_name = std::any_of(
+        sa.begin(), sa.end(), [](const auto& kv) { return kv.first == "blocks.0.weight"; });
     EXPECT_TRUE(has_list_name);
     EXPECT_EQ(sf::model::parameter_count(*a), 4 * 8 + 8 + 2 * (8 * 8 + 8) + 2 * 8);
 }
@@ -69,7 +70,9 @@ TEST(Weights, ReportsEveryMissingUnexpectedAndMisshapedTensorAtOnce) {
         const std::string msg = e.what();
         EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument);
         EXPECT_NE(msg.find("8 misshaped"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("blocks.1.weight: checkpoint has [8, 8], model wants [6, 6]"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("blocks.1.weight: checkpoint has [8, 8], model wants [6, 6]"),
+                  std::string::npos)
+            << msg;
         EXPECT_NE(msg.find("w.safetensors"), std::string::npos) << msg;
     }
     Tiny extra(8);
@@ -99,13 +102,15 @@ TEST(Weights, ReportsEveryMissingUnexpectedAndMisshapedTensorAtOnce) {
 TEST(Weights, LoadsAnUpstreamDiffusersFileByName) {
     // The golden transformer file is written by diffusers itself: keys as upstream saves them.
     SF_REQUIRE_GOLDEN("transformer/diffusion_pytorch_model.safetensors");
-    const std::string path = sf::test::golden_path("transformer/diffusion_pytorch_model.safetensors");
+    const std::string path =
+        sf::test::golden_path("transformer/diffusion_pytorch_model.safetensors");
     Tiny unrelated(8);
     try {
         sf::model::load_weights(*unrelated, path);
         FAIL();
     } catch (const sf::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("transformer_blocks.0.attn1.to_q.weight"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("transformer_blocks.0.attn1.to_q.weight"),
+                  std::string::npos);
     }
 }
 

@@ -3,8 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include "test_util.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +11,8 @@
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include "test_util.h"
 
 namespace sf::test {
 

@@ -25,7 +25,9 @@ using sf::model::SanaTransformer;
 using sf::model::SanaTransformerConfig;
 
 // Every parameter of a model without adapters, by name.
-std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) { return sf::model::trainable_parameters(m); }
+std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) {
+    return sf::model::trainable_parameters(m);
+}
 
 SanaTransformerConfig small_config() {
     SanaTransformerConfig c = SanaTransformerConfig::named("sana-tiny");
@@ -50,14 +52,18 @@ sf::train::MicroBatch sample_batch(int64_t n = 2) {
 }
 
 sf::train::MicroBatch slice(const sf::train::MicroBatch& b, int64_t i) {
-    return {b.latents.slice(0, i, i + 1), b.prompt_embeds.slice(0, i, i + 1), b.prompt_mask.slice(0, i, i + 1)};
+    return {b.latents.slice(0, i, i + 1), b.prompt_embeds.slice(0, i, i + 1),
+            b.prompt_mask.slice(0, i, i + 1)};
 }
 
-sf::train::TrainStep make_step(SanaTransformer model, sf::train::TrainStepOptions o, double lr = 1e-3) {
+sf::train::TrainStep make_step(SanaTransformer model, sf::train::TrainStepOptions o,
+                               double lr = 1e-3) {
     auto params = named(*model);
     sf::train::AdamWOptions a;
     a.lr = lr;
-    return sf::train::TrainStep(model.ptr(), params, a, sf::train::LRSchedule("constant", lr, 0, 100), o, c10::Device(c10::kCPU));
+    return sf::train::TrainStep(model.ptr(), params, a,
+                                sf::train::LRSchedule("constant", lr, 0, 100), o,
+                                c10::Device(c10::kCPU));
 }
 
 TEST(AdamW, MatchesTorchOptimBitForBit) {
@@ -224,7 +230,8 @@ TEST(TrainState, CheckpointsRoundTripAndKeepTheNewest) {
     s.scaler = {{"scale", 128.0}, {"good_steps", 1.0}, {"skipped", 0.0}};
     s.settings = {{"rank", "4"}};
     s.trainable = {{"w", torch::arange(6, torch::kFloat).view({2, 3})}};
-    s.optimizer = {{"w.exp_avg", torch::ones({2, 3})}, {"w.step", torch::scalar_tensor(3, torch::kLong)}};
+    s.optimizer = {{"w.exp_avg", torch::ones({2, 3})},
+                   {"w.step", torch::scalar_tensor(3, torch::kLong)}};
     s.rng = {{"default", at::detail::getDefaultCPUGenerator().get_state()}};
     s.losses = {0.5, 0.25, 0.125000000001};
     const std::string out = tmp.file("out");
@@ -264,7 +271,8 @@ TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
     ASSERT_EQ(p1.size(), p2.size());
     for (size_t i = 0; i < p1.size(); ++i) {
         ASSERT_TRUE(p1[i].second.grad().defined()) << p1[i].first;
-        EXPECT_TRUE(torch::allclose(p1[i].second.grad(), p2[i].second.grad(), 1e-4, 1e-6)) << p1[i].first;
+        EXPECT_TRUE(torch::allclose(p1[i].second.grad(), p2[i].second.grad(), 1e-4, 1e-6))
+            << p1[i].first;
     }
 }
 
@@ -282,7 +290,8 @@ TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
     const auto p1 = named(plain.model().module()), p2 = named(fused.model().module());
     for (size_t i = 0; i < p1.size(); ++i) {
         EXPECT_TRUE(torch::equal(p1[i].second, p2[i].second)) << p1[i].first;
-        EXPECT_FALSE(p2[i].second.grad().defined()) << "the fused pass keeps no gradient: " << p2[i].first;
+        EXPECT_FALSE(p2[i].second.grad().defined())
+            << "the fused pass keeps no gradient: " << p2[i].first;
     }
 }
 
@@ -312,7 +321,8 @@ TEST(TrainStep, FusedBackwardPassNeverHoldsAllGradients) {
         fused.step([&](int64_t) { return b; }, g2);
     }
     auto peak = [](const sf::train::TrainStep& s) {
-        return std::max(s.phase_peaks().at("backward").tensor_bytes, s.phase_peaks().at("optimizer").tensor_bytes);
+        return std::max(s.phase_peaks().at("backward").tensor_bytes,
+                        s.phase_peaks().at("optimizer").tensor_bytes);
     };
     // The plain step holds weights, two moments and a full set of gradients at once; the fused one
     // never more than the weights, the moments and a few gradients.
@@ -337,7 +347,8 @@ TEST(TrainStep, LossScalerSkipsAStepWithAnInfiniteGradient) {
     auto r = step.step([&](int64_t) { return batch; }, gen);
     EXPECT_TRUE(r.skipped);
     EXPECT_EQ(step.scaler().scale(), scale / 2);
-    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].second, before[i])) << params[i].first;
+    for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(torch::equal(params[i].second, before[i])) << params[i].first;
     inject = false;
     r = step.step([&](int64_t) { return batch; }, gen);
     EXPECT_FALSE(r.skipped);
@@ -416,7 +427,8 @@ TEST(TrainStep, GradientsAreReducedOncePerStepBeforeTheUpdate) {
         auto sync = std::make_shared<ZeroingSync>();
         sf::train::AdamWOptions a;
         a.lr = 1e-2;
-        sf::train::TrainStep step(model.ptr(), params, a, sf::train::LRSchedule("constant", a.lr, 0, 100), o,
+        sf::train::TrainStep step(model.ptr(), params, a,
+                                  sf::train::LRSchedule("constant", a.lr, 0, 100), o,
                                   c10::Device(c10::kCPU), sync);
         const sf::train::MicroBatch batch = sample_batch(2);
         at::Generator gen = at::detail::createCPUGenerator(1);
@@ -425,7 +437,8 @@ TEST(TrainStep, GradientsAreReducedOncePerStepBeforeTheUpdate) {
         if (fused) {
             EXPECT_EQ(sync->all_calls, 0);
             ASSERT_EQ(sync->one_calls.size(), params.size());  // every parameter ...
-            for (const auto& [index, calls] : sync->one_calls) EXPECT_EQ(calls, 2) << index;  // once a step
+            for (const auto& [index, calls] : sync->one_calls)
+                EXPECT_EQ(calls, 2) << index;  // once a step
         } else {
             EXPECT_EQ(sync->all_calls, 2);  // once a step, not once a micro-batch
             EXPECT_TRUE(sync->one_calls.empty());
@@ -433,7 +446,8 @@ TEST(TrainStep, GradientsAreReducedOncePerStepBeforeTheUpdate) {
         // Zero gradients reached the update: two steps of decay alone, w * (1 - lr * wd)^2.
         const double decay = (1 - a.lr * a.weight_decay) * (1 - a.lr * a.weight_decay);
         for (size_t i = 0; i < params.size(); ++i) {
-            EXPECT_TRUE(torch::allclose(params[i].second, before[i] * decay, 1e-6, 1e-7)) << params[i].first;
+            EXPECT_TRUE(torch::allclose(params[i].second, before[i] * decay, 1e-6, 1e-7))
+                << params[i].first;
         }
     }
     // Without the reduction the same steps move the weights (the check above can fail).
@@ -451,7 +465,8 @@ TEST(TrainStep, LatentsOfAnotherRankAreRefusedNamingTheModel) {
     at::Generator gen = at::detail::createCPUGenerator(1);
     sf::train::MicroBatch video = sample_batch(2);
     video.latents = video.latents.unsqueeze(2);  // [B, C, 1, h, w]
-    const std::string m = sf::test::error_of([&] { step.step([&](int64_t) { return video; }, gen); });
+    const std::string m =
+        sf::test::error_of([&] { step.step([&](int64_t) { return video; }, gen); });
     EXPECT_NE(m.find("SanaTransformer2DModel takes latents of rank 4"), std::string::npos) << m;
 }
 

@@ -5,8 +5,8 @@
 #include <thread>
 
 #include "storage/cache.h"
-#include "storage/cache_schema.h"
 #include "storage/cache_reader.h"
+#include "storage/cache_schema.h"
 #include "storage/cache_writer.h"
 #include "storage/content_key.h"
 #include "storage_test_util.h"

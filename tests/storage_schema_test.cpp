@@ -19,8 +19,8 @@ TEST(CacheSchema, BucketNamesRoundTripForImagesAndVideo) {
     for (const Bucket b : {Bucket{1, 512, 512}, Bucket{1, 384, 1024}, Bucket{21, 480, 832}}) {
         EXPECT_EQ(Bucket::parse(b.name(), "test"), b) << b.name();
     }
-    for (const char* bad : {"", "1024", "1024x", "x768", "0x512", "12x34x56x78", "1024x76a",
-                            "-4x4", "99999999999x2"}) {
+    for (const char* bad : {"", "1024", "1024x", "x768", "0x512", "12x34x56x78", "1024x76a", "-4x4",
+                            "99999999999x2"}) {
         const std::string m = test::error_of([&] { Bucket::parse(bad, "samples/k1"); });
         EXPECT_NE(m.find("samples/k1"), std::string::npos) << bad << ": " << m;
     }
@@ -56,13 +56,15 @@ TEST(CacheSchema, SampleRecordRoundTripsAndNamesWhatIsMissing) {
     for (const char* key : {kLatentKey, kTextKey, kBucket}) {
         Record broken = r;
         broken.metadata.erase(key);
-        const std::string m = test::error_of([&] { SampleRecord::from_record(broken, "samples/x"); });
+        const std::string m =
+            test::error_of([&] { SampleRecord::from_record(broken, "samples/x"); });
         EXPECT_NE(m.find(std::string("'") + key + "' missing"), std::string::npos) << m;
     }
     Record broken = r;
     broken.tensors.erase(kOriginalSize);
-    EXPECT_NE(test::error_of([&] { SampleRecord::from_record(broken, "samples/x"); }).find(kOriginalSize),
-              std::string::npos);
+    EXPECT_NE(
+        test::error_of([&] { SampleRecord::from_record(broken, "samples/x"); }).find(kOriginalSize),
+        std::string::npos);
 }
 
 TEST(CacheSchema, ManifestRoundTripsAndRefusesATruncatedList) {
@@ -73,7 +75,8 @@ TEST(CacheSchema, ManifestRoundTripsAndRefusesATruncatedList) {
     EXPECT_TRUE(manifest_keys(manifest_record({}), "manifest").empty());
     Record cut = r;
     cut.tensors.at(kManifestKeys).bytes.pop_back();  // "cc" without its newline
-    cut.tensors.at(kManifestKeys).shape = {static_cast<int64_t>(cut.tensors.at(kManifestKeys).bytes.size())};
+    cut.tensors.at(kManifestKeys).shape = {
+        static_cast<int64_t>(cut.tensors.at(kManifestKeys).bytes.size())};
     EXPECT_THROW(manifest_keys(cut, "manifest"), Error);
 }
 

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 
@@ -31,7 +31,8 @@ inline std::string error_of(const std::function<void()>& f) {
 class TempDir {
 public:
     explicit TempDir(const std::string& prefix = "sf_test") {
-        std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
         if (::mkdtemp(pattern.data()) == nullptr) std::abort();
         path_ = pattern;
     }
@@ -73,7 +74,8 @@ inline CommandResult run_command(const std::string& command) {
     if (pipe == nullptr) return result;
     std::array<char, 4096> buf;
     size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0)
+        result.output.append(buf.data(), n);
     const int status = ::pclose(pipe);
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return result;

@@ -33,8 +33,8 @@ void write_text(const fs::path& path, const std::string& text) {
 
 DemoDataStats write_demo_dataset(const std::string& dir, int count, unsigned seed) {
     static const Shape kShapes[] = {{"circle", 0}, {"square", 1}, {"triangle", 2}};
-    static const Color kColors[] = {{"red", {40, 40, 220}},   {"green", {60, 180, 60}},
-                                    {"blue", {200, 90, 30}},  {"yellow", {40, 210, 230}},
+    static const Color kColors[] = {{"red", {40, 40, 220}},     {"green", {60, 180, 60}},
+                                    {"blue", {200, 90, 30}},    {"yellow", {40, 210, 230}},
                                     {"white", {245, 245, 245}}, {"black", {20, 20, 20}}};
     // (height, width): square, portrait and landscape, so several buckets are used.
     static const int kSizes[][2] = {{512, 512}, {640, 480}, {480, 640}, {384, 768}, {600, 400}};
@@ -50,7 +50,8 @@ DemoDataStats write_demo_dataset(const std::string& dir, int count, unsigned see
         const auto& size = kSizes[i % 5];
         const int h = size[0], w = size[1];
         cv::Mat img(h, w, CV_8UC3, bg->bgr);
-        const cv::Point c(w / 4 + static_cast<int>(rng() % (w / 2)), h / 4 + static_cast<int>(rng() % (h / 2)));
+        const cv::Point c(w / 4 + static_cast<int>(rng() % (w / 2)),
+                          h / 4 + static_cast<int>(rng() % (h / 2)));
         const int r = std::min(h, w) / 6 + static_cast<int>(rng() % (std::min(h, w) / 6));
         if (shape.kind == 0) {
             cv::circle(img, c, r, fg.bgr, cv::FILLED, cv::LINE_AA);
@@ -65,8 +66,8 @@ DemoDataStats write_demo_dataset(const std::string& dir, int count, unsigned see
         if (!cv::imwrite(stem + (png ? ".png" : ".jpg"), img)) {
             throw Error::IOError("cannot write " + stem);
         }
-        write_text(stem + ".txt", std::string("a ") + fg.name + " " + shape.name + " on a " + bg->name +
-                                      " background");
+        write_text(stem + ".txt", std::string("a ") + fg.name + " " + shape.name + " on a " +
+                                      bg->name + " background");
         ++stats.images;
     }
     // A truncated JPEG and an image below the minimum side: the prep run rejects both, by name.
@@ -75,7 +76,8 @@ DemoDataStats write_demo_dataset(const std::string& dir, int count, unsigned see
     write_text(fs::path(dir) / "broken_truncated.jpg",
                std::string(reinterpret_cast<const char*>(jpeg.data()), jpeg.size() / 2));
     write_text(fs::path(dir) / "broken_truncated.txt", "a truncated file");
-    cv::imwrite((fs::path(dir) / "tiny_thumbnail.png").string(), cv::Mat(32, 32, CV_8UC3, cv::Scalar(0, 0, 0)));
+    cv::imwrite((fs::path(dir) / "tiny_thumbnail.png").string(),
+                cv::Mat(32, 32, CV_8UC3, cv::Scalar(0, 0, 0)));
     write_text(fs::path(dir) / "tiny_thumbnail.txt", "a tiny thumbnail");
     stats.bad_files = 2;
     return stats;

@@ -1,8 +1,7 @@
 // The `sanaflow` command line. Flags keep the spelling of the diffusers Sana training scripts.
-#include <CLI/CLI.hpp>
-
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -28,56 +27,76 @@ namespace fs = std::filesystem;
 using sf::pipelines::PrepOptions;
 using sf::pipelines::TrainOptions;
 
-void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing, int64_t& checkpointing_every) {
+void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
+                     int64_t& checkpointing_every) {
     cmd->add_option("--cache_dir", o.cache_dir, "a cache made by sanaflow prep")->required();
     cmd->add_option("--output_dir", o.output_dir, "checkpoints and the final weights")->required();
     cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
                     "diffusers-layout directory (or its transformer/) to fine-tune");
     cmd->add_option("--transformer_config", o.transformer_config,
                     "a transformer config.json to train from scratch with seeded weights");
-    cmd->add_option("--model", o.model, "built-in transformer when no weights are given")->capture_default_str();
+    cmd->add_option("--model", o.model, "built-in transformer when no weights are given")
+        ->capture_default_str();
     cmd->add_option("--seed", o.seed, "seed of weights, data order, noise")->capture_default_str();
     cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    cmd->add_option("--mixed_precision", o.mixed_precision, "autocast dtype: no, bf16 or fp16 (with loss scaling)")
+    cmd->add_option("--mixed_precision", o.mixed_precision,
+                    "autocast dtype: no, bf16 or fp16 (with loss scaling)")
         ->check(CLI::IsMember({"no", "fp16", "bf16"}))
         ->capture_default_str();
     cmd->add_flag("--allow_tf32", o.allow_tf32, "TF32 matmuls and convolutions on CUDA");
-    cmd->add_flag("--gradient_checkpointing", checkpointing, "recompute transformer blocks in backward");
+    cmd->add_flag("--gradient_checkpointing", checkpointing,
+                  "recompute transformer blocks in backward");
     cmd->add_option("--gradient_checkpointing_every", checkpointing_every,
                     "with --gradient_checkpointing: recompute every k-th block")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     cmd->add_option("--attention", o.attention,
-                    "cross-attention: dense, chunked (exact, memory linear in tokens) or fused (SDPA where LibTorch has it)")
+                    "cross-attention: dense, chunked (exact, memory linear in tokens) or fused "
+                    "(SDPA where LibTorch has it)")
         ->check(CLI::IsMember({"dense", "chunked", "fused"}))
         ->capture_default_str();
     cmd->add_flag("--fused_backward_pass", o.fused_backward_pass,
                   "update each weight as soon as its gradient is complete and free the gradient");
-    cmd->add_option("--train_batch_size", o.train_batch_size, "samples per micro-batch (one bucket)")->capture_default_str();
-    cmd->add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per optimizer step")
+    cmd->add_option("--train_batch_size", o.train_batch_size,
+                    "samples per micro-batch (one bucket)")
         ->capture_default_str();
-    cmd->add_option("--max_train_steps", o.max_train_steps, "optimizer steps")->capture_default_str();
+    cmd->add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
+                    "micro-batches per optimizer step")
+        ->capture_default_str();
+    cmd->add_option("--max_train_steps", o.max_train_steps, "optimizer steps")
+        ->capture_default_str();
     cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
-    cmd->add_option("--lr_scheduler", o.lr_scheduler, "constant, constant_with_warmup, linear or cosine")
+    cmd->add_option("--lr_scheduler", o.lr_scheduler,
+                    "constant, constant_with_warmup, linear or cosine")
         ->capture_default_str();
     cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)->capture_default_str();
-    cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")->capture_default_str();
-    cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
-    cmd->add_option("--caption_dropout", o.caption_dropout, "probability of training on the empty prompt")
+    cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")
         ->capture_default_str();
-    cmd->add_option("--flow_shift", o.flow_shift, "the flow-matching schedule's shift")->capture_default_str();
-    cmd->add_option("--weighting_scheme", o.weighting_scheme, "timestep density: logit_normal or uniform")
+    cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
+    cmd->add_option("--caption_dropout", o.caption_dropout,
+                    "probability of training on the empty prompt")
+        ->capture_default_str();
+    cmd->add_option("--flow_shift", o.flow_shift, "the flow-matching schedule's shift")
+        ->capture_default_str();
+    cmd->add_option("--weighting_scheme", o.weighting_scheme,
+                    "timestep density: logit_normal or uniform")
         ->capture_default_str();
     cmd->add_option("--rank", o.rank, "LoRA rank; 0 trains every weight")->capture_default_str();
-    cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")->capture_default_str();
-    cmd->add_option("--lora_target_modules", o.lora_target_modules, "comma-separated Linear names to adapt")
+    cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")
         ->capture_default_str();
-    cmd->add_option("--checkpointing_steps", o.checkpointing_steps, "save a resumable checkpoint every N steps (0: never)")
+    cmd->add_option("--lora_target_modules", o.lora_target_modules,
+                    "comma-separated Linear names to adapt")
         ->capture_default_str();
-    cmd->add_option("--checkpoints_total_limit", o.checkpoints_total_limit, "keep the newest N checkpoints (0: all)")
+    cmd->add_option("--checkpointing_steps", o.checkpointing_steps,
+                    "save a resumable checkpoint every N steps (0: never)")
         ->capture_default_str();
-    cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint, "latest, or a checkpoint directory");
-    cmd->add_option("--log_every", o.log_every, "log the loss every N steps")->capture_default_str();
+    cmd->add_option("--checkpoints_total_limit", o.checkpoints_total_limit,
+                    "keep the newest N checkpoints (0: all)")
+        ->capture_default_str();
+    cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint,
+                    "latest, or a checkpoint directory");
+    cmd->add_option("--log_every", o.log_every, "log the loss every N steps")
+        ->capture_default_str();
 }
 
 std::string train_summary(const sf::pipelines::TrainReport& r) {
@@ -87,9 +106,11 @@ std::string train_summary(const sf::pipelines::TrainReport& r) {
         return to > from ? sum / static_cast<double>(to - from) : 0.0;
     };
     const size_t n = r.losses.size(), k = std::min<size_t>(5, n);
-    std::string out = fmt::format("trained {} steps ({} this run, {} skipped) of {} trainable parameters in {:.1f} s\n",
-                                  r.steps, r.steps - r.first_step, r.skipped_steps, r.trainable_parameters, r.seconds);
-    out += fmt::format("loss: first {} steps {:.4f}, last {} steps {:.4f}\n", k, mean(0, k), k, mean(n - k, n));
+    std::string out = fmt::format(
+        "trained {} steps ({} this run, {} skipped) of {} trainable parameters in {:.1f} s\n",
+        r.steps, r.steps - r.first_step, r.skipped_steps, r.trainable_parameters, r.seconds);
+    out += fmt::format("loss: first {} steps {:.4f}, last {} steps {:.4f}\n", k, mean(0, k), k,
+                       mean(n - k, n));
     out += "weights: " + r.weights_path + "\n";
     out += "peak memory per phase:\n" + r.phase_table;
     return out;
@@ -105,29 +126,36 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--instance_data_dir", o.instance_data_dir,
                     "folder of images with same-stem .txt captions")
         ->check(CLI::ExistingDirectory);
-    cmd->add_option("--manifest", o.manifest, "JSONL manifest: one {\"file\": ..., \"caption\": ...} per line")
+    cmd->add_option("--manifest", o.manifest,
+                    "JSONL manifest: one {\"file\": ..., \"caption\": ...} per line")
         ->check(CLI::ExistingFile);
-    cmd->add_option("--instance_prompt", o.instance_prompt, "caption for every image (DreamBooth style)");
+    cmd->add_option("--instance_prompt", o.instance_prompt,
+                    "caption for every image (DreamBooth style)");
     cmd->add_option("--resolution", o.resolution, "bucket table: 512, 1024, 2048 or 4096")
         ->check(CLI::IsMember({512, 1024, 2048, 4096}))
         ->capture_default_str();
-    cmd->add_option("--min_side", o.min_side, "reject images with a smaller side (0: resolution / 4)")
+    cmd->add_option("--min_side", o.min_side,
+                    "reject images with a smaller side (0: resolution / 4)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     cmd->add_option("--dataloader_num_workers", o.workers, "parallel decode workers")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
-    cmd->add_option("--max_in_flight", o.max_in_flight, "bound on decoded samples in memory (0: 4 x workers)")
+    cmd->add_option("--max_in_flight", o.max_in_flight,
+                    "bound on decoded samples in memory (0: 4 x workers)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
                     "diffusers-layout model directory (vae/, text_encoder/, tokenizer/)")
         ->check(CLI::ExistingDirectory);
-    cmd->add_option("--model", o.model, "built-in models when no weights are given (seeded random weights)")
+    cmd->add_option("--model", o.model,
+                    "built-in models when no weights are given (seeded random weights)")
         ->check(CLI::IsMember({"tiny"}))
         ->capture_default_str();
-    cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")
+        ->capture_default_str();
     cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    cmd->add_option("--mixed_precision", o.mixed_precision, "dtype of the frozen encoders: no, fp16 or bf16")
+    cmd->add_option("--mixed_precision", o.mixed_precision,
+                    "dtype of the frozen encoders: no, fp16 or bf16")
         ->check(CLI::IsMember({"no", "fp16", "bf16"}))
         ->capture_default_str();
     cmd->add_option("--vae_batch_size", o.vae_batch_size, "images per VAE forward")
@@ -139,9 +167,11 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
-    cmd->add_flag("--rebuild", o.rebuild, "rebuild a stage whose fingerprint differs instead of refusing");
-    cmd->add_flag("--offload", o.offload,
-                  "keep the text encoder's weights in host memory, one layer at a time on the device");
+    cmd->add_flag("--rebuild", o.rebuild,
+                  "rebuild a stage whose fingerprint differs instead of refusing");
+    cmd->add_flag(
+        "--offload", o.offload,
+        "keep the text encoder's weights in host memory, one layer at a time on the device");
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)
@@ -154,7 +184,8 @@ int run_prep_command(const PrepOptions& o) {
 #else
 // Built without OpenCV/FFmpeg (a GPU machine that trains from a cache): no decoding here.
 int run_prep_command(const PrepOptions&) {
-    throw sf::Error::InvalidArgument("this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: prep needs image decoding");
+    throw sf::Error::InvalidArgument(
+        "this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: prep needs image decoding");
 }
 #endif
 
@@ -169,7 +200,8 @@ int run_demo_command(const std::string& out_dir, int num_images) {
     const fs::path root(out_dir);
     const fs::path data = root / "data";
     const fs::path cache = root / "cache";
-    sf::log_info("demo: writing {} generated images with captions to {}", num_images, data.string());
+    sf::log_info("demo: writing {} generated images with captions to {}", num_images,
+                 data.string());
     auto stats = sf::tools::write_demo_dataset(data.string(), num_images, /*seed=*/1234);
     sf::log_info("demo: {} images and {} deliberately bad files", stats.images, stats.bad_files);
 
@@ -200,17 +232,20 @@ int run_demo_command(const std::string& out_dir, int num_images) {
     t.gradient_checkpointing = 1;
     t.attention = "chunked";
     t.caption_dropout = 0.1;
-    std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir " << t.output_dir
-              << " --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 --lr_scheduler constant_with_warmup"
-                 " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
-                 " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
+    std::cout
+        << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir " << t.output_dir
+        << " --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 --lr_scheduler "
+           "constant_with_warmup"
+           " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
+           " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
     std::cout << train_summary(sf::pipelines::run_train(t));
     std::cout << "\n== memory marks\n" << sf::mem::memory_log().table();
     return 0;
 }
 #else
 int run_demo_command(const std::string&, int) {
-    throw sf::Error::InvalidArgument("this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: the demo needs image decoding");
+    throw sf::Error::InvalidArgument(
+        "this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: the demo needs image decoding");
 }
 #endif
 
@@ -220,8 +255,9 @@ int main(int argc, char** argv) {
     sf::mem::install_counting_allocator();
     sf::set_torch_threads();
 
-    CLI::App app{"sanaflow: train Sana-style diffusion transformers from a cache of latents, "
-                 "without running out of memory"};
+    CLI::App app{
+        "sanaflow: train Sana-style diffusion transformers from a cache of latents, "
+        "without running out of memory"};
     app.require_subcommand(1);
     // One line, naming the flag: "sanaflow: --resolution: 777 not in {512,1024,2048,4096}".
     app.failure_message([](const CLI::App*, const CLI::Error& e) {
@@ -234,32 +270,42 @@ int main(int argc, char** argv) {
     PrepOptions prep;
     auto* prep_cmd = app.add_subcommand("prep", "decode, bucket and cache a dataset");
     add_prep_flags(prep_cmd, prep);
-    prep_cmd->add_option("--cache_dir", prep.cache_dir, "cache directory (created if absent)")->required();
+    prep_cmd->add_option("--cache_dir", prep.cache_dir, "cache directory (created if absent)")
+        ->required();
 
     std::string inspect_dir;
     bool verify = false;
-    auto* inspect_cmd = app.add_subcommand("inspect", "show what a cache holds; --verify checks every record");
-    inspect_cmd->add_option("cache", inspect_dir, "cache directory")->required()->check(CLI::ExistingDirectory);
+    auto* inspect_cmd =
+        app.add_subcommand("inspect", "show what a cache holds; --verify checks every record");
+    inspect_cmd->add_option("cache", inspect_dir, "cache directory")
+        ->required()
+        ->check(CLI::ExistingDirectory);
     inspect_cmd->add_flag("--verify", verify, "decode every record and check its checksum");
 
     TrainOptions train;
     bool checkpointing = false;
     int64_t checkpointing_every = 1;
-    auto* train_cmd = app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
+    auto* train_cmd =
+        app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
     add_train_flags(train_cmd, train, checkpointing, checkpointing_every);
     // `--config FILE` is expanded into flags before parsing (tools/yaml_config.h); declared here
     // for --help only.
     std::string config_file;
     for (CLI::App* cmd : {prep_cmd, train_cmd}) {
-        cmd->add_option("--config", config_file, "a YAML file of this command's flags, key: value per line; typed flags win");
+        cmd->add_option(
+            "--config", config_file,
+            "a YAML file of this command's flags, key: value per line; typed flags win");
     }
 
-    auto* models_cmd = app.add_subcommand("models", "list the built-in model configurations and their parameter counts");
+    auto* models_cmd = app.add_subcommand(
+        "models", "list the built-in model configurations and their parameter counts");
 
     std::string demo_dir = "demo-out";
     int demo_images = 24;
-    auto* demo_cmd = app.add_subcommand("demo", "generate a small dataset, prep it, inspect the cache, train on it");
-    demo_cmd->add_option("--output_dir", demo_dir, "where the data and the cache go")->capture_default_str();
+    auto* demo_cmd = app.add_subcommand(
+        "demo", "generate a small dataset, prep it, inspect the cache, train on it");
+    demo_cmd->add_option("--output_dir", demo_dir, "where the data and the cache go")
+        ->capture_default_str();
     demo_cmd->add_option("--num_images", demo_images, "images to generate")
         ->check(CLI::Range(1, 100000))
         ->capture_default_str();

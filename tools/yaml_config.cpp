@@ -42,15 +42,20 @@ std::vector<std::pair<std::string, std::string>> read_flat_yaml(const std::strin
         if (text.empty() || text == "---") continue;
         const size_t colon = text.find(':');
         if (colon == std::string::npos || line.find_first_not_of(" \t") != 0) {
-            throw Error::InvalidArgument(fmt::format("--config {} line {}: expected 'key: value' at the start of the line", path, number));
+            throw Error::InvalidArgument(
+                fmt::format("--config {} line {}: expected 'key: value' at the start of the line",
+                            path, number));
         }
         std::string key = trim(text.substr(0, colon));
         std::string value = trim(text.substr(colon + 1));
         if (value.empty() || value.front() == '[' || value.front() == '{') {
-            throw Error::InvalidArgument(fmt::format(
-                "--config {} line {} ({}): only single values are read, no nested mappings or lists", path, number, key));
+            throw Error::InvalidArgument(
+                fmt::format("--config {} line {} ({}): only single values are read, no nested "
+                            "mappings or lists",
+                            path, number, key));
         }
-        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front()) {
+        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+            value.back() == value.front()) {
             value = value.substr(1, value.size() - 2);
         }
         if (key.rfind("--", 0) == 0) key.erase(0, 2);
@@ -65,7 +70,9 @@ std::vector<std::string> expand_yaml_config(int argc, const char* const* argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
     std::set<std::string> typed;  // flags given on the command line
     for (const auto& a : args) {
-        if (a.rfind("--", 0) == 0) typed.insert(a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2));
+        if (a.rfind("--", 0) == 0)
+            typed.insert(a.substr(
+                2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2));
     }
     std::vector<std::string> out;
     for (size_t i = 0; i < args.size(); ++i) {

@@ -49,7 +49,8 @@ at::Tensor checked_bias(const at::Tensor& q, const at::Tensor& k, const at::Tens
     if (!bias.defined()) return bias;
     const int64_t batch = q.size(0), keys = k.size(2);
     std::vector<int64_t> sizes(bias.sizes().begin(), bias.sizes().end());
-    if (sizes.size() > 4) bad(fmt::format("bias {} has more than 4 dimensions", shape_string(bias)));
+    if (sizes.size() > 4)
+        bad(fmt::format("bias {} has more than 4 dimensions", shape_string(bias)));
     sizes.insert(sizes.begin(), 4 - sizes.size(), 1);
     if ((sizes[0] != 1 && sizes[0] != batch) || sizes[1] != 1 || sizes[2] != 1 ||
         (sizes[3] != 1 && sizes[3] != keys)) {

@@ -16,8 +16,6 @@
 // "...lora_B.weight" ([out, rank]), and alpha != rank needs the metadata to load right.
 #include "model/common/lora.h"
 
-#include "model/common/load_report.h"
-
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -34,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/shape.h"
+#include "model/common/load_report.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 
@@ -121,7 +120,6 @@ std::string available_linears(const std::vector<std::string>& linear_paths) {
     if (names.size() > kMaxListed) out += fmt::format(", ... ({} in all)", names.size());
     return out;
 }
-
 
 // Every adapted Linear of `root` with its path, in module order.
 std::vector<std::pair<std::string, Adapter>> adapters_of(const nn::Module& root) {

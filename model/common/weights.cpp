@@ -20,17 +20,21 @@ void append_list(std::string& out, const char* what, const std::vector<std::stri
     if (items.empty()) return;
     out += fmt::format("\n  {} {}:", items.size(), what);
     for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-    if (items.size() > kMaxListed) out += fmt::format("\n    ... and {} more", items.size() - kMaxListed);
+    if (items.size() > kMaxListed)
+        out += fmt::format("\n    ... and {} more", items.size() - kMaxListed);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> state_dict(const torch::nn::Module& module) {
     std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
-    for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
+        out.emplace_back(p.key(), p.value());
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+        out.emplace_back(b.key(), b.value());
     return out;
 }
 
-LoadReport load_weights(torch::nn::Module& module, const std::string& path, const LoadOptions& options) {
+LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                        const LoadOptions& options) {
     auto checkpoint = storage::SafetensorsCheckpoint::open(path);
     if (options.dtype) module.to(*options.dtype);
 
@@ -45,9 +49,11 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path, cons
             continue;
         }
         const auto& info = checkpoint.info(name);
-        if (!std::equal(info.shape.begin(), info.shape.end(), tensor.sizes().begin(), tensor.sizes().end())) {
+        if (!std::equal(info.shape.begin(), info.shape.end(), tensor.sizes().begin(),
+                        tensor.sizes().end())) {
             misshaped.push_back(fmt::format("{}: checkpoint has {}, model wants {}", name,
-                                            shape_string(info.shape), shape_string(tensor.sizes())));
+                                            shape_string(info.shape),
+                                            shape_string(tensor.sizes())));
         }
     }
     for (const std::string& name : checkpoint.names()) {

@@ -31,7 +31,8 @@ struct LoadReport {
 // Loads `module` from `path`: a .safetensors file, a *.index.json of shards, or a directory
 // holding one of those. Throws sf::Error kInvalidArgument listing every missing, unexpected and
 // misshaped tensor (names and shapes), kNotFound / kCorruption from the files themselves.
-LoadReport load_weights(torch::nn::Module& module, const std::string& path, const LoadOptions& options = {});
+LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                        const LoadOptions& options = {});
 
 // The module's state dict (parameters and buffers) by name, as diffusers' state_dict() keys.
 std::vector<std::pair<std::string, at::Tensor>> state_dict(const torch::nn::Module& module);

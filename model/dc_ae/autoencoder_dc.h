@@ -20,9 +20,9 @@
 #include <memory>
 #include <string>
 
+#include "model/common/weights.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/dc_ae/dc_ae_blocks.h"
-#include "model/common/weights.h"
 
 namespace sf::model {
 

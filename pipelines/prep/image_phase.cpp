@@ -1,10 +1,9 @@
 // The image phase: the missing images decoded in parallel while the VAE encodes batches of one
 // bucket on the device; samples and latents committed in batches.
-#include <opencv2/core/utility.hpp>
-
 #include <algorithm>
 #include <any>
 #include <map>
+#include <opencv2/core/utility.hpp>
 
 #include "core/memory.h"
 #include "graph/device_lease.h"
@@ -58,7 +57,8 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
     const int vae_batch = o.vae_batch_size;
     const int tokens = std::max(o.max_in_flight > 0 ? o.max_in_flight : 4 * o.workers, vae_batch);
 
-    cv::setNumThreads(0);  // decode workers run in parallel; OpenCV's own pool would multiply threads
+    cv::setNumThreads(
+        0);  // decode workers run in parallel; OpenCV's own pool would multiply threads
     auto& memlog = mem::memory_log();
     mem::reset_peak();
     memlog.mark("prep", "before decode");
@@ -66,8 +66,8 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
 
     std::unique_ptr<storage::CacheWriter> latents_writer;
     if (stages.vae) {
-        latents_writer = std::make_unique<storage::CacheWriter>(cache, schema::kLatentsDb,
-                                                                o.commit_batch);
+        latents_writer =
+            std::make_unique<storage::CacheWriter>(cache, schema::kLatentsDb, o.commit_batch);
     }
 
     graph::LinearPipeline pipeline("prep/image", tokens);
@@ -141,15 +141,15 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
                   // sample whose latent is missing: the index phase then finds the latent
                   // missing and encodes it.
                   if (item.latent.defined()) {
-                      latents_writer->put(p.latent_key,
-                                          stages.vae->record(item.latent, p.sample.path,
-                                                             bucket_of(item.image)));
+                      latents_writer->put(
+                          p.latent_key,
+                          stages.vae->record(item.latent, p.sample.path, bucket_of(item.image)));
                       ++report.latents_written;
                   }
                   if (p.need_sample) {
-                      samples_writer.put(p.sample_key,
-                                         sample_record(p, item.image, stages.decode_fp_hash)
-                                             .to_record());
+                      samples_writer.put(
+                          p.sample_key,
+                          sample_record(p, item.image, stages.decode_fp_hash).to_record());
                       ++report.written;
                   }
               })
@@ -176,8 +176,8 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
 
     for (const auto& s : stats.stages) {
         if (s.name == "samples") continue;
-        report.stages.push_back({s.name, s.items, s.rejects, s.busy_seconds,
-                                 s.name == "encode_vae" ? image_peak : 0});
+        report.stages.push_back(
+            {s.name, s.items, s.rejects, s.busy_seconds, s.name == "encode_vae" ? image_peak : 0});
     }
     report.stages.push_back(
         {"image", stats.completed, stats.rejected, seconds_since(t0), after.cpu.peak});

@@ -60,9 +60,8 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                 return true;
             },
             static_cast<int64_t>(plan.size()))
-        .describe([](const std::any& item) {
-            return std::any_cast<PlannedSample*>(item)->sample.path;
-        })
+        .describe(
+            [](const std::any& item) { return std::any_cast<PlannedSample*>(item)->sample.path; })
         .parallel("hash", o.workers,
                   [&](std::any&& in) -> std::any {
                       hash(*std::any_cast<PlannedSample*>(in));

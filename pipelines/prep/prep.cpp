@@ -18,7 +18,8 @@ std::string read_file(const std::string& path, int64_t max_bytes) {
     const std::streamoff size = in.tellg();
     if (size < 0) throw Reject(path + ": cannot read file size");
     if (size > max_bytes) {
-        throw Reject(fmt::format("{}: file is {} bytes, above the limit of {}", path, size, max_bytes));
+        throw Reject(
+            fmt::format("{}: file is {} bytes, above the limit of {}", path, size, max_bytes));
     }
     std::string bytes(static_cast<size_t>(size), '\0');
     in.seekg(0);
@@ -47,14 +48,18 @@ void validate(const PrepOptions& o) {
     if (o.instance_data_dir.empty() && o.manifest.empty()) {
         throw Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
     }
-    if (o.workers < 1) throw Error::InvalidArgument(fmt::format("--dataloader_num_workers must be >= 1, got {}", o.workers));
+    if (o.workers < 1)
+        throw Error::InvalidArgument(
+            fmt::format("--dataloader_num_workers must be >= 1, got {}", o.workers));
     if (o.max_in_flight < 0) throw Error::InvalidArgument("--max_in_flight must be >= 0");
     if (o.commit_batch < 1) throw Error::InvalidArgument("--commit_batch must be >= 1");
     if (o.min_side < 0) throw Error::InvalidArgument("--min_side must be >= 0");
     if (o.vae_batch_size < 1) throw Error::InvalidArgument("--vae_batch_size must be >= 1");
     if (o.text_batch_size < 1) throw Error::InvalidArgument("--text_batch_size must be >= 1");
     if (o.model != "tiny" && o.pretrained_model_name_or_path.empty()) {
-        throw Error::InvalidArgument("--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model + "'");
+        throw Error::InvalidArgument(
+            "--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model +
+            "'");
     }
 }
 
@@ -76,7 +81,8 @@ PrepStages make_stages(const PrepOptions& o) {
     s.decode_config.output_uint8 = true;  // a quarter of the bytes in flight; the VAE normalizes
     s.decoder = std::make_unique<stages::DecodeImageStage>(s.decode_config);
     if (o.text) {
-        auto config = encoder_config<stages::EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size);
+        auto config =
+            encoder_config<stages::EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size);
         config.offload = o.offload;
         s.text = std::make_unique<stages::EncodeTextStage>(config);
     }
@@ -100,8 +106,10 @@ PrepStages make_stages(const PrepOptions& o) {
 // what differs, or dropped and rebuilt with --rebuild.
 void check_fingerprints(storage::Cache& cache, const PrepStages& s, const PrepOptions& o) {
     auto ensure = [&](const char* stage, const storage::Fingerprint& fp, const char* db) {
-        if (cache.ensure_fingerprint(stage, fp, {db}, o.rebuild) == storage::FingerprintStatus::kRebuilt) {
-            log_warn("prep: --rebuild: the {} stage of {} was dropped and is rebuilt", stage, o.cache_dir);
+        if (cache.ensure_fingerprint(stage, fp, {db}, o.rebuild) ==
+            storage::FingerprintStatus::kRebuilt) {
+            log_warn("prep: --rebuild: the {} stage of {} was dropped and is rebuilt", stage,
+                     o.cache_dir);
         }
     };
     ensure(schema::kDecodeImageStage, s.decode_fingerprint, schema::kSamplesDb);
@@ -116,7 +124,8 @@ void write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& pla
                     const std::set<std::string>& rejected_keys) {
     std::vector<std::string> keys;
     for (const auto& p : plan) {
-        if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key)) keys.push_back(p.sample_key);
+        if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key))
+            keys.push_back(p.sample_key);
     }
     storage::CacheWriter manifest(cache, schema::kManifestDb, 1);
     manifest.put(schema::kManifestSamplesKey, schema::manifest_record(keys));
@@ -127,18 +136,21 @@ void write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& pla
 }  // namespace prep
 
 std::string PrepReport::table() const {
-    std::string out = fmt::format("{:<12} {:>8} {:>8} {:>9} {:>10} {:>12}\n", "stage", "items", "rejects", "busy s",
-                                  "items/s", "peak memory");
+    std::string out = fmt::format("{:<12} {:>8} {:>8} {:>9} {:>10} {:>12}\n", "stage", "items",
+                                  "rejects", "busy s", "items/s", "peak memory");
     for (const auto& s : stages) {
         const double rate = s.seconds > 0 ? static_cast<double>(s.items) / s.seconds : 0.0;
-        out += fmt::format("{:<12} {:>8} {:>8} {:>9.2f} {:>10.1f} {:>12}\n", s.name, s.items, s.rejects, s.seconds,
-                           rate, s.peak_bytes > 0 ? format_bytes(s.peak_bytes) : "-");
+        out += fmt::format("{:<12} {:>8} {:>8} {:>9.2f} {:>10.1f} {:>12}\n", s.name, s.items,
+                           s.rejects, s.seconds, rate,
+                           s.peak_bytes > 0 ? format_bytes(s.peak_bytes) : "-");
     }
     out += fmt::format(
-        "samples: {} scanned, {} already cached, {} written ({} latents, {} texts), {} rejected; {:.2f} s; "
+        "samples: {} scanned, {} already cached, {} written ({} latents, {} texts), {} rejected; "
+        "{:.2f} s; "
         "models loaded: {}\n",
         scanned, cached, written, latents_written, texts_written, rejected, seconds,
-        models_loaded.empty() ? std::string("none") : fmt::format("{}", fmt::join(models_loaded, ", ")));
+        models_loaded.empty() ? std::string("none")
+                              : fmt::format("{}", fmt::join(models_loaded, ", ")));
     return out;
 }
 
@@ -155,13 +167,17 @@ PrepReport run_prep(const PrepOptions& o) {
     dataset.instance_prompt = o.instance_prompt;
     const stages::DatasetScan scan = stages::scan_dataset(dataset);
     report.scanned = static_cast<int64_t>(scan.samples.size());
-    report.stages.push_back({"scan", report.scanned, static_cast<int64_t>(scan.rejects.size()), seconds_since(t0), 0});
-    log_info("prep: {} samples found, {} rejected by the scan", scan.samples.size(), scan.rejects.size());
+    report.stages.push_back(
+        {"scan", report.scanned, static_cast<int64_t>(scan.rejects.size()), seconds_since(t0), 0});
+    log_info("prep: {} samples found, {} rejected by the scan", scan.samples.size(),
+             scan.rejects.size());
 
     storage::Cache cache = storage::Cache::open(o.cache_dir);
     check_fingerprints(cache, stages, o);
-    storage::CacheWriter samples_writer(cache, schema::kSamplesDb, static_cast<size_t>(o.commit_batch));
-    for (const auto& [source, reason] : scan.rejects) samples_writer.add_reject(source, "scan", reason);
+    storage::CacheWriter samples_writer(cache, schema::kSamplesDb,
+                                        static_cast<size_t>(o.commit_batch));
+    for (const auto& [source, reason] : scan.rejects)
+        samples_writer.add_reject(source, "scan", reason);
 
     const auto index_t0 = std::chrono::steady_clock::now();
     const IndexResult index = run_index_phase(stages, cache, scan.samples, o, samples_writer);
@@ -183,8 +199,10 @@ PrepReport run_prep(const PrepOptions& o) {
     write_manifest(cache, index.plan, rejected_keys);
 
     report.seconds = seconds_since(t0);
-    log_info("prep: {} samples written, {} cached, {} rejected in {:.2f} s (at most {} samples in flight)",
-             report.written, report.cached, report.rejected, report.seconds, report.max_in_flight);
+    log_info(
+        "prep: {} samples written, {} cached, {} rejected in {:.2f} s (at most {} samples in "
+        "flight)",
+        report.written, report.cached, report.rejected, report.seconds, report.max_in_flight);
     return report;
 }
 

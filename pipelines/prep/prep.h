@@ -24,13 +24,13 @@ struct PrepOptions {
     std::string cache_dir;
     // Diffusers-layout directory (vae/, text_encoder/, tokenizer/); empty: built-in `model`.
     std::string pretrained_model_name_or_path;
-    std::string model = "tiny";          // built-in configurations when no weights are given
-    uint64_t seed = 0;                   // the built-in models' random weights
+    std::string model = "tiny";  // built-in configurations when no weights are given
+    uint64_t seed = 0;           // the built-in models' random weights
     std::string device = "auto";
     std::string mixed_precision = "no";  // dtype of the frozen encoders
-    int resolution = 1024;  // bucket table: 512, 1024, 2048 or 4096
-    int min_side = 0;       // reject images smaller than this; 0 = resolution / 4
-    int workers = 2;        // parallel decode workers
+    int resolution = 1024;               // bucket table: 512, 1024, 2048 or 4096
+    int min_side = 0;                    // reject images smaller than this; 0 = resolution / 4
+    int workers = 2;                     // parallel decode workers
     int max_in_flight = 0;  // token bound on decoded items; 0 = 4 x workers (>= VAE batch)
     int vae_batch_size = 4;
     int text_batch_size = 8;
@@ -50,13 +50,13 @@ struct PrepStageRow {
 };
 
 struct PrepReport {
-    int64_t scanned = 0;         // samples the dataset scan found
-    int64_t cached = 0;          // samples whose records were all there: nothing done
-    int64_t written = 0;         // sample records committed by this run
+    int64_t scanned = 0;  // samples the dataset scan found
+    int64_t cached = 0;   // samples whose records were all there: nothing done
+    int64_t written = 0;  // sample records committed by this run
     int64_t latents_written = 0;
     int64_t texts_written = 0;
-    int64_t rejected = 0;        // scan, read and decode rejects
-    int64_t max_in_flight = 0;   // samples in memory at once in the image phase, at most
+    int64_t rejected = 0;       // scan, read and decode rejects
+    int64_t max_in_flight = 0;  // samples in memory at once in the image phase, at most
     std::vector<std::string> models_loaded;  // stages that loaded a model
     double seconds = 0;
     std::vector<PrepStageRow> stages;

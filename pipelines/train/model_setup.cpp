@@ -30,12 +30,15 @@ std::vector<std::string> split_csv(const std::string& s) {
 // The transformer directory of --pretrained_model_name_or_path: the root's transformer/, or the
 // directory itself when it holds config.json.
 std::string transformer_dir(const std::string& path) {
-    if (fs::exists(fs::path(path) / "transformer" / "config.json")) return (fs::path(path) / "transformer").string();
+    if (fs::exists(fs::path(path) / "transformer" / "config.json"))
+        return (fs::path(path) / "transformer").string();
     if (fs::exists(fs::path(path) / "config.json")) return path;
-    throw Error::NotFound(fmt::format("--pretrained_model_name_or_path {}: no transformer/config.json there", path));
+    throw Error::NotFound(
+        fmt::format("--pretrained_model_name_or_path {}: no transformer/config.json there", path));
 }
 
-model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSet& set, std::string& source) {
+model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSet& set,
+                                  std::string& source) {
     model::SanaTransformerConfig config;
     if (!o.pretrained_model_name_or_path.empty()) {
         source = transformer_dir(o.pretrained_model_name_or_path);
@@ -51,13 +54,15 @@ model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSe
         config.caption_channels = set.text_hidden();
     }
     if (config.in_channels != set.latent_channels()) {
-        throw Error::InvalidArgument(fmt::format("the transformer takes {} latent channels, the cache {} holds {}",
-                                                 config.in_channels, o.cache_dir, set.latent_channels()));
+        throw Error::InvalidArgument(
+            fmt::format("the transformer takes {} latent channels, the cache {} holds {}",
+                        config.in_channels, o.cache_dir, set.latent_channels()));
     }
     if (config.caption_channels != set.text_hidden()) {
-        throw Error::InvalidArgument(fmt::format(
-            "the transformer takes {}-wide caption features, the cache {} holds {}-wide ones (another text encoder?)",
-            config.caption_channels, o.cache_dir, set.text_hidden()));
+        throw Error::InvalidArgument(
+            fmt::format("the transformer takes {}-wide caption features, the cache {} holds "
+                        "{}-wide ones (another text encoder?)",
+                        config.caption_channels, o.cache_dir, set.text_hidden()));
     }
     torch::manual_seed(o.seed);
     model::SanaTransformer m(config);
@@ -67,7 +72,8 @@ model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSe
 
 }  // namespace
 
-std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOptions& o, const train::TrainingSet& set,
+std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOptions& o,
+                                                               const train::TrainingSet& set,
                                                                std::string& source) {
     std::shared_ptr<model::DiffusionTransformer> transformer = build_sana(o, set, source).ptr();
     if (o.rank > 0) {
@@ -108,22 +114,34 @@ std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& 
     const std::vector<std::pair<std::string, std::string>> rows = {
         {"model", fmt::format("{} from {}", model.class_name(), source)},
         {"parameters", fmt::format("{} ({} blocks)", total, model.blocks().size())},
-        {"trainable", fmt::format("{} ({:.2f}%){}", trainable_count,
-                                  total > 0 ? 100.0 * static_cast<double>(trainable_count) / static_cast<double>(total) : 0.0,
-                                  o.rank > 0 ? fmt::format(", LoRA rank {} on {}", o.rank, o.lora_target_modules) : ", full fine-tune")},
-        {"data", fmt::format("{} samples in {} buckets from {}", set.samples().size(), set.buckets().size(), o.cache_dir)},
+        {"trainable",
+         fmt::format("{} ({:.2f}%){}", trainable_count,
+                     total > 0
+                         ? 100.0 * static_cast<double>(trainable_count) / static_cast<double>(total)
+                         : 0.0,
+                     o.rank > 0 ? fmt::format(", LoRA rank {} on {}", o.rank, o.lora_target_modules)
+                                : ", full fine-tune")},
+        {"data", fmt::format("{} samples in {} buckets from {}", set.samples().size(),
+                             set.buckets().size(), o.cache_dir)},
         {"device", device.str()},
         {"mixed_precision", o.mixed_precision + (o.allow_tf32 ? ", tf32" : "")},
-        {"batch", fmt::format("{} x {} accumulation = {} per step", o.train_batch_size, o.gradient_accumulation_steps,
+        {"batch", fmt::format("{} x {} accumulation = {} per step", o.train_batch_size,
+                              o.gradient_accumulation_steps,
                               o.train_batch_size * o.gradient_accumulation_steps)},
-        {"steps", fmt::format("{} (checkpoint every {}, keep {})", o.max_train_steps, o.checkpointing_steps,
-                              o.checkpoints_total_limit > 0 ? std::to_string(o.checkpoints_total_limit) : "all")},
-        {"optimizer", fmt::format("AdamW lr {} weight decay {}, {} schedule, {} warmup steps, clip {}", o.learning_rate,
-                                  o.adam_weight_decay, o.lr_scheduler, o.lr_warmup_steps, o.max_grad_norm)},
-        {"objective", fmt::format("flow matching, {} timesteps, shift {}, caption dropout {}", o.weighting_scheme,
-                                  o.flow_shift, o.caption_dropout)},
+        {"steps",
+         fmt::format(
+             "{} (checkpoint every {}, keep {})", o.max_train_steps, o.checkpointing_steps,
+             o.checkpoints_total_limit > 0 ? std::to_string(o.checkpoints_total_limit) : "all")},
+        {"optimizer",
+         fmt::format("AdamW lr {} weight decay {}, {} schedule, {} warmup steps, clip {}",
+                     o.learning_rate, o.adam_weight_decay, o.lr_scheduler, o.lr_warmup_steps,
+                     o.max_grad_norm)},
+        {"objective", fmt::format("flow matching, {} timesteps, shift {}, caption dropout {}",
+                                  o.weighting_scheme, o.flow_shift, o.caption_dropout)},
         {"remedies", fmt::format("checkpointing {}, attention {}, fused backward {}",
-                                 o.gradient_checkpointing > 0 ? fmt::format("every {}", o.gradient_checkpointing) : "off",
+                                 o.gradient_checkpointing > 0
+                                     ? fmt::format("every {}", o.gradient_checkpointing)
+                                     : "off",
                                  o.attention, o.fused_backward_pass ? "on" : "off")},
         {"output", o.output_dir},
     };

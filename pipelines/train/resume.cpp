@@ -5,8 +5,8 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "storage/fingerprint.h"
 #include "pipelines/train/train_setup.h"
+#include "storage/fingerprint.h"
 
 namespace sf::pipelines::training {
 
@@ -40,7 +40,8 @@ std::vector<double> restore_state(const std::string& dir, const RunParts& run) {
     for (const auto& [name, p] : run.trainable) {
         auto it = saved.find(name);
         if (it == saved.end() || !it->second.sizes().equals(p.sizes())) {
-            throw Error::Corruption(fmt::format("{}: trainable tensor {} missing or misshaped", dir, name));
+            throw Error::Corruption(
+                fmt::format("{}: trainable tensor {} missing or misshaped", dir, name));
         }
         p.copy_(it->second);
     }

@@ -26,17 +26,28 @@ namespace {
 void validate(const TrainOptions& o) {
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
-    if (o.max_train_steps < 1) throw Error::InvalidArgument(fmt::format("--max_train_steps must be >= 1, got {}", o.max_train_steps));
-    if (o.checkpointing_steps < 0) throw Error::InvalidArgument("--checkpointing_steps must be >= 0");
-    if (o.checkpoints_total_limit < 0) throw Error::InvalidArgument("--checkpoints_total_limit must be >= 0");
-    if (o.rank < 0) throw Error::InvalidArgument(fmt::format("--rank must be >= 0, got {}", o.rank));
-    if (o.caption_dropout < 0 || o.caption_dropout >= 1) throw Error::InvalidArgument("--caption_dropout must be in [0, 1)");
+    if (o.max_train_steps < 1)
+        throw Error::InvalidArgument(
+            fmt::format("--max_train_steps must be >= 1, got {}", o.max_train_steps));
+    if (o.checkpointing_steps < 0)
+        throw Error::InvalidArgument("--checkpointing_steps must be >= 0");
+    if (o.checkpoints_total_limit < 0)
+        throw Error::InvalidArgument("--checkpoints_total_limit must be >= 0");
+    if (o.rank < 0)
+        throw Error::InvalidArgument(fmt::format("--rank must be >= 0, got {}", o.rank));
+    if (o.caption_dropout < 0 || o.caption_dropout >= 1)
+        throw Error::InvalidArgument("--caption_dropout must be in [0, 1)");
     if (o.log_every < 1) throw Error::InvalidArgument("--log_every must be >= 1");
     if (!o.pretrained_model_name_or_path.empty() && !o.transformer_config.empty()) {
-        throw Error::InvalidArgument("give --pretrained_model_name_or_path or --transformer_config, not both");
+        throw Error::InvalidArgument(
+            "give --pretrained_model_name_or_path or --transformer_config, not both");
     }
-    if (o.pretrained_model_name_or_path.empty() && o.transformer_config.empty() && o.model != "tiny") {
-        throw Error::InvalidArgument("--model must be 'tiny' (or give --pretrained_model_name_or_path or --transformer_config), got '" + o.model + "'");
+    if (o.pretrained_model_name_or_path.empty() && o.transformer_config.empty() &&
+        o.model != "tiny") {
+        throw Error::InvalidArgument(
+            "--model must be 'tiny' (or give --pretrained_model_name_or_path or "
+            "--transformer_config), got '" +
+            o.model + "'");
     }
 }
 
@@ -95,25 +106,29 @@ TrainReport run_train(const TrainOptions& o) {
     int64_t trainable_count = 0;
     for (const auto& [name, p] : trainable) trainable_count += p.numel();
     memlog.mark("train", "after model");
-    log_info("{}", training::resolved_config(o, *transformer, source, set, trainable_count, device));
+    log_info("{}",
+             training::resolved_config(o, *transformer, source, set, trainable_count, device));
 
     train::AdamWOptions adamw;
     adamw.lr = o.learning_rate;
     adamw.weight_decay = o.adam_weight_decay;
-    train::TrainStep trainer(transformer, trainable, adamw,
-                             train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps, o.max_train_steps),
-                             step_options(o), device);
+    train::TrainStep trainer(
+        transformer, trainable, adamw,
+        train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps, o.max_train_steps),
+        step_options(o), device);
     train::BucketSampler sampler(set.buckets(), o.train_batch_size, o.seed);
-    at::Generator gen = at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
+    at::Generator gen =
+        at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source);
     const training::RunParts run{trainer, sampler, gen, trainable, settings};
 
     TrainReport report;
     report.trainable_parameters = trainable_count;
     if (!o.resume_from_checkpoint.empty()) {
-        const std::optional<std::string> dir = o.resume_from_checkpoint == "latest"
-                                                   ? train::latest_checkpoint(o.output_dir)
-                                                   : std::optional<std::string>(o.resume_from_checkpoint);
+        const std::optional<std::string> dir =
+            o.resume_from_checkpoint == "latest"
+                ? train::latest_checkpoint(o.output_dir)
+                : std::optional<std::string>(o.resume_from_checkpoint);
         if (dir) {
             report.losses = training::restore_state(*dir, run);
             log_info("train: resumed from {} at step {}", *dir, trainer.steps_done());
@@ -124,7 +139,8 @@ TrainReport run_train(const TrainOptions& o) {
     report.first_step = trainer.steps_done();
     const bool writes = trainer.gradient_sync().writes_files();
 
-    mem::release_memory("train before the first step");  // what setting up held (checkpoint reads, casts)
+    mem::release_memory(
+        "train before the first step");  // what setting up held (checkpoint reads, casts)
     graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
     while (trainer.steps_done() < o.max_train_steps) {
         const train::StepResult r = trainer.step(
@@ -136,13 +152,17 @@ TrainReport run_train(const TrainOptions& o) {
         report.losses.push_back(r.loss);
         progress.advance(1);
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
-            log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps, r.loss, r.lr,
+            log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
+                     r.loss, r.lr,
                      r.grad_norm > 0 ? fmt::format(" grad norm {:.3g}", r.grad_norm) : "",
-                     r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})", trainer.scaler().scale()) : "");
+                     r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})",
+                                             trainer.scaler().scale())
+                               : "");
         }
         if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
-            const std::string path = train::save_checkpoint(
-                o.output_dir, training::capture_state(run, report.losses), o.checkpoints_total_limit);
+            const std::string path =
+                train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
+                                       o.checkpoints_total_limit);
             log_info("train: checkpoint {}", path);
         }
     }
@@ -157,7 +177,9 @@ TrainReport run_train(const TrainOptions& o) {
     summary["losses"] = report.losses;
     summary["skipped_steps"] = trainer.scaler().skipped_steps();
     summary["weights"] = report.weights_path;
-    if (writes) storage::write_file_atomic((fs::path(o.output_dir) / "training_summary.json").string(), summary.dump(2));
+    if (writes)
+        storage::write_file_atomic((fs::path(o.output_dir) / "training_summary.json").string(),
+                                   summary.dump(2));
     report.steps = trainer.steps_done();
     report.skipped_steps = trainer.scaler().skipped_steps();
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -57,8 +57,8 @@ struct TrainOptions {
 };
 
 struct TrainReport {
-    int64_t first_step = 0;  // steps already done when this run started (resume)
-    int64_t steps = 0;       // optimizer steps done at the end
+    int64_t first_step = 0;      // steps already done when this run started (resume)
+    int64_t steps = 0;           // optimizer steps done at the end
     std::vector<double> losses;  // every step's loss, from step 1 (resumed ones included)
     int64_t skipped_steps = 0;
     double seconds = 0;

@@ -3,17 +3,17 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "model/gemma/gemma2.h"
 #include "model/gemma/text_prompt.h"
 #include "model/gemma/tokenizer.h"
-#include "core/device_options.h"
 #include "stages/encode/resident_model.h"
 #include "storage/cache.h"
-#include "storage/content_key.h"
 #include "storage/cache_schema.h"
+#include "storage/content_key.h"
 #include "storage/tensor_convert.h"
 
 namespace sf::stages {
@@ -27,9 +27,11 @@ constexpr const char* kStage = schema::kEncodeTextStage;
 const std::vector<std::string>& builtin_tokenizer_corpus() {
     static const std::vector<std::string> corpus = [] {
         std::vector<std::string> lines;
-        const char* words[] = {"a", "the", "red", "green", "blue", "yellow", "white", "black", "circle",
-                               "square", "triangle", "on", "background", "picture", "photo", "of", "cat",
-                               "dog", "house", "tree", "sky", "with", "and", "in", "number"};
+        const char* words[] = {"a",        "the",   "red",        "green",   "blue",
+                               "yellow",   "white", "black",      "circle",  "square",
+                               "triangle", "on",    "background", "picture", "photo",
+                               "of",       "cat",   "dog",        "house",   "tree",
+                               "sky",      "with",  "and",        "in",      "number"};
         for (int i = 0; i < 400; ++i) {
             std::string line;
             for (int k = 0; k < 6; ++k) {
@@ -45,20 +47,21 @@ const std::vector<std::string>& builtin_tokenizer_corpus() {
 }
 
 model::GemmaTokenizer load_tokenizer(const EncodeTextConfig& config) {
-    if (config.model.is_pretrained()) return model::GemmaTokenizer::from_file(config.model.component_dir("tokenizer"));
+    if (config.model.is_pretrained())
+        return model::GemmaTokenizer::from_file(config.model.component_dir("tokenizer"));
     // Big enough that the instruction (in the corpus) becomes a few hundred tokens, as with
     // Gemma's real 256k vocabulary, instead of thousands of byte tokens.
     model::TokenizerTrainOptions options;
     options.vocab_size = 1024;
     return model::GemmaTokenizer::from_serialized(
-        model::train_gemma_like_tokenizer(builtin_tokenizer_corpus(), options), "built-in tiny tokenizer");
+        model::train_gemma_like_tokenizer(builtin_tokenizer_corpus(), options),
+        "built-in tiny tokenizer");
 }
 
 class GemmaSession final : public EncodeTextStage::Session {
 public:
     GemmaSession(const EncodeTextConfig& config, c10::Device device, c10::ScalarType dtype)
-        : tokenizer_(load_tokenizer(config)),
-          encoder_(kStage, [&] {
+        : tokenizer_(load_tokenizer(config)), encoder_(kStage, [&] {
               model::LoadOptions options;
               options.dtype = dtype;
               model::Gemma2Model m{nullptr};
@@ -76,7 +79,9 @@ public:
               m->eval();
               if (config.offload) {
                   m->set_offload(device);  // the weights stay on the host
-                  log_info("encode_text: --offload: the text encoder's layers go to {} one at a time", device.str());
+                  log_info(
+                      "encode_text: --offload: the text encoder's layers go to {} one at a time",
+                      device.str());
               } else {
                   m->to(device);
               }
@@ -102,11 +107,13 @@ public:
 
 private:
     // The valid tokens are a prefix of the kept sequence: only those are stored.
-    static std::vector<at::Tensor> valid_prefixes(const model::PromptEmbeddings& out) {  // [B, L, hidden], [B, L]
+    static std::vector<at::Tensor> valid_prefixes(
+        const model::PromptEmbeddings& out) {  // [B, L, hidden], [B, L]
         std::vector<at::Tensor> features;
         for (int64_t i = 0; i < out.embeds.size(0); ++i) {
             const int64_t n = out.mask[i].sum().item<int64_t>();
-            features.push_back(out.embeds[i].slice(0, 0, n).to(at::kCPU).contiguous());  // [n, hidden]
+            features.push_back(
+                out.embeds[i].slice(0, 0, n).to(at::kCPU).contiguous());  // [n, hidden]
         }
         return features;
     }
@@ -119,14 +126,19 @@ private:
 }  // namespace
 
 EncodeTextStage::EncodeTextStage(EncodeTextConfig config) : config_(std::move(config)) {
-    if (config_.batch_size < 1) throw Error::InvalidArgument(fmt::format("text batch size must be >= 1, got {}", config_.batch_size));
+    if (config_.batch_size < 1)
+        throw Error::InvalidArgument(
+            fmt::format("text batch size must be >= 1, got {}", config_.batch_size));
     if (config_.max_length < 2) throw Error::InvalidArgument("text max_length must be >= 2");
     const c10::ScalarType dtype = resolve_dtype(config_.mixed_precision);
-    if (!config_.model.is_pretrained()) model::Gemma2Config::named(config_.model.builtin);  // validates the name
+    if (!config_.model.is_pretrained())
+        model::Gemma2Config::named(config_.model.builtin);  // validates the name
     fingerprint_ = {
         {"stage", kStage},
         {"weights", weights_fingerprint(config_.model, "text_encoder")},
-        {"tokenizer", config_.model.is_pretrained() ? weights_fingerprint(config_.model, "tokenizer") : "builtin-bpe-1024"},
+        {"tokenizer", config_.model.is_pretrained()
+                          ? weights_fingerprint(config_.model, "tokenizer")
+                          : "builtin-bpe-1024"},
         {"dtype", dtype_tag(dtype)},
         {"max_length", std::to_string(config_.max_length)},
         {"instruction", config_.complex_human_instruction ? "sana-default" : "none"},
@@ -142,10 +154,12 @@ std::string EncodeTextStage::key(const std::string& caption) const {
 }
 
 std::unique_ptr<EncodeTextStage::Session> EncodeTextStage::open() const {
-    return std::make_unique<GemmaSession>(config_, resolve_device(config_.device), resolve_dtype(config_.mixed_precision));
+    return std::make_unique<GemmaSession>(config_, resolve_device(config_.device),
+                                          resolve_dtype(config_.mixed_precision));
 }
 
-storage::Record EncodeTextStage::record(const at::Tensor& features, const std::string& caption) const {
+storage::Record EncodeTextStage::record(const at::Tensor& features,
+                                        const std::string& caption) const {
     storage::Record r;
     r.tensors[schema::kPromptEmbeds] = storage::to_tensor_data(features);
     r.metadata[schema::kSource] = caption;

@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "model/dc_ae/autoencoder_dc.h"
-#include "core/device_options.h"
 #include "stages/encode/resident_model.h"
 #include "storage/cache.h"
 #include "storage/cache_schema.h"
@@ -22,18 +22,17 @@ constexpr const char* kStage = schema::kEncodeVAEStage;
 class DCAESession final : public EncodeVAEStage::Session {
 public:
     DCAESession(const EncodeVAEConfig& config, c10::Device device, c10::ScalarType dtype)
-        : device_(device),
-          dtype_(dtype),
-          tile_above_(config.tile_above),
-          model_(kStage, [&] {
+        : device_(device), dtype_(dtype), tile_above_(config.tile_above), model_(kStage, [&] {
               model::LoadOptions options;
               options.dtype = dtype;
               model::AutoencoderDC m{nullptr};
               if (config.model.is_pretrained()) {
-                  m = model::load_autoencoder_dc(config.model.component_dir("vae"), /*with_decoder=*/false, options);
+                  m = model::load_autoencoder_dc(config.model.component_dir("vae"),
+                                                 /*with_decoder=*/false, options);
               } else {
                   torch::manual_seed(config.model.seed);
-                  m = model::AutoencoderDC(model::AutoencoderDCConfig::named(config.model.builtin), /*with_decoder=*/false);
+                  m = model::AutoencoderDC(model::AutoencoderDCConfig::named(config.model.builtin),
+                                           /*with_decoder=*/false);
                   m->to(dtype);
                   m->eval();
               }
@@ -79,15 +78,16 @@ private:
 }  // namespace
 
 EncodeVAEStage::EncodeVAEStage(EncodeVAEConfig config) : config_(std::move(config)) {
-    if (config_.batch_size < 1) throw Error::InvalidArgument(fmt::format("VAE batch size must be >= 1, got {}", config_.batch_size));
+    if (config_.batch_size < 1)
+        throw Error::InvalidArgument(
+            fmt::format("VAE batch size must be >= 1, got {}", config_.batch_size));
     if (config_.tile_above < 512) throw Error::InvalidArgument("VAE tile_above must be >= 512");
     const c10::ScalarType dtype = resolve_dtype(config_.mixed_precision);
-    if (!config_.model.is_pretrained()) model::AutoencoderDCConfig::named(config_.model.builtin);  // validates the name
+    if (!config_.model.is_pretrained())
+        model::AutoencoderDCConfig::named(config_.model.builtin);  // validates the name
     fingerprint_ = {
-        {"stage", kStage},
-        {"weights", weights_fingerprint(config_.model, "vae")},
-        {"dtype", dtype_tag(dtype)},
-        {"tile_above", std::to_string(config_.tile_above)},
+        {"stage", kStage},           {"weights", weights_fingerprint(config_.model, "vae")},
+        {"dtype", dtype_tag(dtype)}, {"tile_above", std::to_string(config_.tile_above)},
         {"latent", "scaled"},
     };
     fingerprint_hash_ = storage::fingerprint_hash(fingerprint_);
@@ -96,7 +96,8 @@ EncodeVAEStage::EncodeVAEStage(EncodeVAEConfig config) : config_(std::move(confi
 EncodeVAEStage::~EncodeVAEStage() = default;
 
 std::unique_ptr<EncodeVAEStage::Session> EncodeVAEStage::open() const {
-    return std::make_unique<DCAESession>(config_, resolve_device(config_.device), resolve_dtype(config_.mixed_precision));
+    return std::make_unique<DCAESession>(config_, resolve_device(config_.device),
+                                         resolve_dtype(config_.mixed_precision));
 }
 
 storage::Record EncodeVAEStage::record(const at::Tensor& latent, const std::string& source,

@@ -21,10 +21,10 @@ namespace sf::stages {
 
 struct EncodeVAEConfig {
     ModelSource model{"", "dc-ae-tiny", 0};
-    std::string device = "auto";           // --device
-    std::string mixed_precision = "no";    // --mixed_precision: the encoder's dtype
-    int batch_size = 4;                    // images per forward, all of one bucket
-    int64_t tile_above = 2048;             // a side above this is encoded in 512-px tiles
+    std::string device = "auto";         // --device
+    std::string mixed_precision = "no";  // --mixed_precision: the encoder's dtype
+    int batch_size = 4;                  // images per forward, all of one bucket
+    int64_t tile_above = 2048;           // a side above this is encoded in 512-px tiles
 };
 
 class EncodeVAEStage {

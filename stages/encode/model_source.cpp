@@ -41,8 +41,8 @@ void add_sampled_file(storage::ContentKey& key, const fs::path& path) {
 std::string ModelSource::component_dir(const std::string& component) const {
     const fs::path dir = fs::path(pretrained) / component;
     if (!fs::is_directory(dir)) {
-        throw Error::NotFound("--pretrained_model_name_or_path " + pretrained + " has no " + component +
-                              "/ folder (diffusers layout expected)");
+        throw Error::NotFound("--pretrained_model_name_or_path " + pretrained + " has no " +
+                              component + "/ folder (diffusers layout expected)");
     }
     return dir.string();
 }
@@ -50,7 +50,8 @@ std::string ModelSource::component_dir(const std::string& component) const {
 std::string weights_fingerprint(const ModelSource& source, const std::string& component) {
     storage::ContentKey key;
     if (!source.is_pretrained()) {
-        key.add_param("builtin", source.builtin).add_param("seed", static_cast<int64_t>(source.seed));
+        key.add_param("builtin", source.builtin)
+            .add_param("seed", static_cast<int64_t>(source.seed));
         return "builtin:" + source.builtin + ":" + key.hex();
     }
     const fs::path dir = source.component_dir(component);

@@ -9,7 +9,9 @@ void resident_model_before_load(const std::string& stage) {
     mem::memory_log().mark(stage, "before load");
 }
 
-void resident_model_after_load(const std::string& stage) { mem::memory_log().mark(stage, "after load"); }
+void resident_model_after_load(const std::string& stage) {
+    mem::memory_log().mark(stage, "after load");
+}
 
 void resident_model_before_free(const std::string& stage) { mem::memory_log().mark(stage, "peak"); }
 

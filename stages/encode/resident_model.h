@@ -20,7 +20,8 @@ void resident_model_after_free(const std::string& stage);
 template <typename Model>
 class ResidentModel {
 public:
-    ResidentModel(std::string stage, const std::function<Model()>& load) : stage_(std::move(stage)) {
+    ResidentModel(std::string stage, const std::function<Model()>& load)
+        : stage_(std::move(stage)) {
         resident_model_before_load(stage_);
         model_ = load();
         resident_model_after_load(stage_);

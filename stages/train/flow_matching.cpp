@@ -10,16 +10,18 @@
 namespace sf::train {
 
 void check_flow_matching(const FlowMatchingConfig& c) {
-    if (c.flow_shift <= 0) throw Error::InvalidArgument(fmt::format("--flow_shift must be > 0, got {}", c.flow_shift));
+    if (c.flow_shift <= 0)
+        throw Error::InvalidArgument(fmt::format("--flow_shift must be > 0, got {}", c.flow_shift));
     if (c.num_train_timesteps < 1) throw Error::InvalidArgument("num_train_timesteps must be >= 1");
     if (c.weighting_scheme != "logit_normal" && c.weighting_scheme != "uniform") {
-        throw Error::InvalidArgument(fmt::format("--weighting_scheme must be logit_normal or uniform, got '{}'",
-                                                 c.weighting_scheme));
+        throw Error::InvalidArgument(fmt::format(
+            "--weighting_scheme must be logit_normal or uniform, got '{}'", c.weighting_scheme));
     }
     if (c.logit_std <= 0) throw Error::InvalidArgument("--logit_std must be > 0");
 }
 
-NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& c, at::Generator& gen) {
+NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& c,
+                                at::Generator& gen) {
     const int64_t batch = latents.size(0);
     const auto cpu = at::TensorOptions().dtype(at::kFloat);
     // Drawn on the CPU from `gen` whatever the device, so a run is reproducible across devices,
@@ -27,8 +29,9 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
     // at a time: k micro-batches of 1 see the same noise as one batch of k.
     std::vector<at::Tensor> us, noises;
     for (int64_t i = 0; i < batch; ++i) {
-        us.push_back(c.weighting_scheme == "logit_normal" ? at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu))
-                                                         : at::rand({1}, gen, cpu));
+        us.push_back(c.weighting_scheme == "logit_normal"
+                         ? at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu))
+                         : at::rand({1}, gen, cpu));
         noises.push_back(at::normal(0.0, 1.0, latents[i].sizes(), gen, cpu));
     }
     const at::Tensor u = at::cat(us);

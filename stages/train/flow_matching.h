@@ -19,7 +19,7 @@
 namespace sf::train {
 
 struct FlowMatchingConfig {
-    double flow_shift = 3.0;          // Sana's scheduler shift (3.0 for the 1024 px models)
+    double flow_shift = 3.0;  // Sana's scheduler shift (3.0 for the 1024 px models)
     int64_t num_train_timesteps = 1000;
     std::string weighting_scheme = "logit_normal";  // or "uniform"
     double logit_mean = 0.0;
@@ -38,7 +38,8 @@ void check_flow_matching(const FlowMatchingConfig& config);
 
 // latents [B, C, H, W] (float) -> the noised input and the velocity target, drawn from `gen`
 // (a CPU generator; the draws are moved to the latents' device).
-NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& config, at::Generator& gen);
+NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& config,
+                                at::Generator& gen);
 
 // Mean squared error between prediction and target, computed in fp32.
 at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target);

@@ -1,8 +1,8 @@
 #include "stages/train/optim.h"
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 #include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
 
 #include <cmath>
 
@@ -12,7 +12,9 @@ namespace sf::train {
 
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
     : params_(std::move(params)), moments_(params_.size()), options_(options) {
-    if (options_.lr < 0) throw Error::InvalidArgument(fmt::format("--learning_rate must be >= 0, got {}", options_.lr));
+    if (options_.lr < 0)
+        throw Error::InvalidArgument(
+            fmt::format("--learning_rate must be >= 0, got {}", options_.lr));
     if (options_.beta1 < 0 || options_.beta1 >= 1 || options_.beta2 < 0 || options_.beta2 >= 1) {
         throw Error::InvalidArgument("--adam_beta1 and --adam_beta2 must be in [0, 1)");
     }
@@ -80,8 +82,8 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
         for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
             auto it = state.find(name + which);
             if (it == state.end() || !it->second.sizes().equals(p.sizes())) {
-                throw Error::InvalidArgument(fmt::format("optimizer state: {}{} is missing or has the wrong shape",
-                                                         name, which));
+                throw Error::InvalidArgument(fmt::format(
+                    "optimizer state: {}{} is missing or has the wrong shape", name, which));
             }
             at::Tensor t = it->second.to(p.options()).clone();
             (std::string(which) == ".exp_avg" ? m.exp_avg : m.exp_avg_sq) = t;
@@ -92,9 +94,11 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
 
 LRSchedule::LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps)
     : kind_(std::move(kind)), base_lr_(base_lr), warmup_(warmup_steps), total_(total_steps) {
-    if (kind_ != "constant" && kind_ != "constant_with_warmup" && kind_ != "linear" && kind_ != "cosine") {
+    if (kind_ != "constant" && kind_ != "constant_with_warmup" && kind_ != "linear" &&
+        kind_ != "cosine") {
         throw Error::InvalidArgument(fmt::format(
-            "--lr_scheduler must be constant, constant_with_warmup, linear or cosine, got '{}'", kind_));
+            "--lr_scheduler must be constant, constant_with_warmup, linear or cosine, got '{}'",
+            kind_));
     }
     if (warmup_ < 0) throw Error::InvalidArgument("--lr_warmup_steps must be >= 0");
     if (total_ < 1) throw Error::InvalidArgument("--max_train_steps must be >= 1");
@@ -102,10 +106,12 @@ LRSchedule::LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, i
 
 double LRSchedule::at(int64_t step) const {
     if (kind_ == "constant") return base_lr_;
-    if (step < warmup_) return base_lr_ * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_));
+    if (step < warmup_)
+        return base_lr_ * static_cast<double>(step) /
+               static_cast<double>(std::max<int64_t>(1, warmup_));
     if (kind_ == "constant_with_warmup") return base_lr_;
-    const double progress =
-        static_cast<double>(step - warmup_) / static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
+    const double progress = static_cast<double>(step - warmup_) /
+                            static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
     if (kind_ == "linear") return base_lr_ * std::max(0.0, 1.0 - progress);
     return base_lr_ * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));  // num_cycles 0.5
 }
@@ -130,7 +136,9 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
 LossScaler::LossScaler(bool enabled, LossScalerOptions options)
     : enabled_(enabled), options_(options), scale_(options.init_scale) {}
 
-at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
+at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const {
+    return enabled_ ? loss * scale_ : loss;
+}
 
 bool LossScaler::unscale(const std::vector<at::Tensor>& params) const {
     at::NoGradGuard no_grad;
@@ -161,13 +169,16 @@ void LossScaler::update(bool found_inf) {
 }
 
 std::map<std::string, double> LossScaler::state() const {
-    return {{"scale", scale_}, {"good_steps", static_cast<double>(good_steps_)}, {"skipped", static_cast<double>(skipped_)}};
+    return {{"scale", scale_},
+            {"good_steps", static_cast<double>(good_steps_)},
+            {"skipped", static_cast<double>(skipped_)}};
 }
 
 void LossScaler::load_state(const std::map<std::string, double>& state) {
     auto get = [&](const char* key) {
         auto it = state.find(key);
-        if (it == state.end()) throw Error::InvalidArgument(fmt::format("loss scaler state: '{}' missing", key));
+        if (it == state.end())
+            throw Error::InvalidArgument(fmt::format("loss scaler state: '{}' missing", key));
         return it->second;
     };
     scale_ = get("scale");

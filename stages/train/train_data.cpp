@@ -31,7 +31,9 @@ void seeded_shuffle(std::vector<T>& v, std::mt19937_64& rng) {
 
 }  // namespace
 
-TrainingSet TrainingSet::open(const storage::Cache& cache) { return open(std::vector<storage::Cache>{cache}); }
+TrainingSet TrainingSet::open(const storage::Cache& cache) {
+    return open(std::vector<storage::Cache>{cache});
+}
 
 TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
     SF_CHECK(!shards.empty(), "a training set of no cache");
@@ -42,22 +44,28 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
         storage::Cache c = shards[shard];
         for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
             if (!c.find_db(db)) {
-                throw Error::NotFound(
-                    fmt::format("cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
+                throw Error::NotFound(fmt::format(
+                    "cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
             }
         }
         set.shards_.push_back(std::make_shared<storage::Cache>(c));
-        const storage::CacheSnapshot samples = storage::CacheReader(c, schema::kSamplesDb).snapshot();
-        const storage::CacheSnapshot latents = storage::CacheReader(c, schema::kLatentsDb).snapshot();
+        const storage::CacheSnapshot samples =
+            storage::CacheReader(c, schema::kSamplesDb).snapshot();
+        const storage::CacheSnapshot latents =
+            storage::CacheReader(c, schema::kLatentsDb).snapshot();
         const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
 
         std::vector<std::string> keys;
-        if (auto manifest = storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
+        if (auto manifest =
+                storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
             keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
         } else {
-            log_warn("train: cache {} has no manifest (prep before this version?): training on every sample record",
-                     c.dir());
-            samples.for_each([&](std::string_view key, std::string_view) { keys.emplace_back(key); });
+            log_warn(
+                "train: cache {} has no manifest (prep before this version?): training on every "
+                "sample record",
+                c.dir());
+            samples.for_each(
+                [&](std::string_view key, std::string_view) { keys.emplace_back(key); });
         }
         listed += static_cast<int64_t>(keys.size());
         for (const auto& key : keys) {
@@ -66,8 +74,8 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
                 ++incomplete;
                 continue;
             }
-            const auto sample =
-                schema::SampleRecord::from_record(*record, c.dir() + "/" + schema::kSamplesDb + "/" + key);
+            const auto sample = schema::SampleRecord::from_record(
+                *record, c.dir() + "/" + schema::kSamplesDb + "/" + key);
             TrainingSample s{key, sample.latent_key, sample.text_key, sample.bucket, shard};
             if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
                 ++incomplete;
@@ -79,30 +87,35 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
         }
         if (!set.empty_prompt_.defined()) {
             if (auto empty = texts.get(schema::kEmptyPromptKey)) {
-                set.empty_prompt_ = tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
+                set.empty_prompt_ =
+                    tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
             }
         }
     }
     if (incomplete > 0) {
-        log_warn("train: {} of {} samples lack a latent or text record and are left out (rerun prep to complete them)",
-                 incomplete, listed);
+        log_warn(
+            "train: {} of {} samples lack a latent or text record and are left out (rerun prep to "
+            "complete them)",
+            incomplete, listed);
     }
     if (set.samples_.empty()) {
-        throw Error::InvalidArgument(
-            fmt::format("cache {}: no sample with both a latent and a text record", shards.front().dir()));
+        throw Error::InvalidArgument(fmt::format(
+            "cache {}: no sample with both a latent and a text record", shards.front().dir()));
     }
     const TrainingSample& first = set.samples_.front();
     const storage::Cache& c = *set.shards_[first.shard];
-    set.latent_channels_ = tensor_of(*storage::CacheReader(c, schema::kLatentsDb).get(first.latent_key),
-                                     schema::kLatent, first.latent_key)
-                               .size(0);
+    set.latent_channels_ =
+        tensor_of(*storage::CacheReader(c, schema::kLatentsDb).get(first.latent_key),
+                  schema::kLatent, first.latent_key)
+            .size(0);
     set.text_hidden_ = tensor_of(*storage::CacheReader(c, schema::kTextDb).get(first.text_key),
                                  schema::kPromptEmbeds, first.text_key)
                            .size(1);
     return set;
 }
 
-TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double caption_dropout, at::Generator& gen) const {
+TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double caption_dropout,
+                                at::Generator& gen) const {
     SF_CHECK(!indices.empty(), "an empty batch");
     // One read snapshot of each shard the batch touches.
     std::map<size_t, std::pair<storage::CacheSnapshot, storage::CacheSnapshot>> snapshots;
@@ -113,23 +126,34 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
         if (it == snapshots.end()) {
             const storage::Cache& shard = *shards_.at(s.shard);
             it = snapshots
-                     .emplace(s.shard, std::make_pair(storage::CacheReader(shard, schema::kLatentsDb).snapshot(),
-                                                      storage::CacheReader(shard, schema::kTextDb).snapshot()))
+                     .emplace(
+                         s.shard,
+                         std::make_pair(storage::CacheReader(shard, schema::kLatentsDb).snapshot(),
+                                        storage::CacheReader(shard, schema::kTextDb).snapshot()))
                      .first;
         }
         auto l = it->second.first.get(s.latent_key);
         auto t = it->second.second.get(s.text_key);
-        if (!l || !t) throw Error::NotFound(fmt::format("sample {}: its latent or text record vanished", s.sample_key));
-        lat.push_back(tensor_of(*l, schema::kLatent, std::string(schema::kLatentsDb) + "/" + s.latent_key).to(at::kFloat));
-        txt.push_back(tensor_of(*t, schema::kPromptEmbeds, std::string(schema::kTextDb) + "/" + s.text_key).to(at::kFloat));
+        if (!l || !t)
+            throw Error::NotFound(
+                fmt::format("sample {}: its latent or text record vanished", s.sample_key));
+        lat.push_back(
+            tensor_of(*l, schema::kLatent, std::string(schema::kLatentsDb) + "/" + s.latent_key)
+                .to(at::kFloat));
+        txt.push_back(
+            tensor_of(*t, schema::kPromptEmbeds, std::string(schema::kTextDb) + "/" + s.text_key)
+                .to(at::kFloat));
     }
     if (caption_dropout > 0) {
         if (!empty_prompt_.defined()) {
-            throw Error::InvalidArgument("--caption_dropout needs the empty prompt's features in the cache: rerun prep");
+            throw Error::InvalidArgument(
+                "--caption_dropout needs the empty prompt's features in the cache: rerun prep");
         }
-        const at::Tensor draw = at::rand({static_cast<int64_t>(indices.size())}, gen, at::TensorOptions().dtype(at::kFloat));
+        const at::Tensor draw = at::rand({static_cast<int64_t>(indices.size())}, gen,
+                                         at::TensorOptions().dtype(at::kFloat));
         for (size_t i = 0; i < txt.size(); ++i) {
-            if (draw[static_cast<int64_t>(i)].item<float>() < caption_dropout) txt[i] = empty_prompt_.to(at::kFloat);
+            if (draw[static_cast<int64_t>(i)].item<float>() < caption_dropout)
+                txt[i] = empty_prompt_.to(at::kFloat);
         }
     }
     int64_t longest = 0;
@@ -148,10 +172,12 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
     return batch;
 }
 
-BucketSampler::BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t batch_size,
-                             uint64_t seed)
+BucketSampler::BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets,
+                             int64_t batch_size, uint64_t seed)
     : batch_size_(batch_size), seed_(seed) {
-    if (batch_size < 1) throw Error::InvalidArgument(fmt::format("--train_batch_size must be >= 1, got {}", batch_size));
+    if (batch_size < 1)
+        throw Error::InvalidArgument(
+            fmt::format("--train_batch_size must be >= 1, got {}", batch_size));
     for (const auto& [name, indices] : buckets) buckets_.push_back(indices);
     SF_CHECK(!buckets_.empty(), "a sampler over no samples");
     plan_epoch();
@@ -181,7 +207,8 @@ std::vector<int64_t> BucketSampler::next() {
 }
 
 void BucketSampler::seek(Position position) {
-    if (position.epoch < 0 || position.batch < 0) throw Error::InvalidArgument("sampler position must be >= 0");
+    if (position.epoch < 0 || position.batch < 0)
+        throw Error::InvalidArgument("sampler position must be >= 0");
     epoch_ = position.epoch;
     cursor_ = position.batch;
     plan_epoch();

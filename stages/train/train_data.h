@@ -31,9 +31,9 @@ struct TrainingSample {
 };
 
 struct TrainingBatch {
-    at::Tensor latents;         // [B, C, h, w] for images, [B, C, f, h, w] for video windows
-    at::Tensor prompt_embeds;   // [B, L, hidden], zero-padded to the longest caption in the batch
-    at::Tensor prompt_mask;     // [B, L] int64, 1 for a token
+    at::Tensor latents;        // [B, C, h, w] for images, [B, C, f, h, w] for video windows
+    at::Tensor prompt_embeds;  // [B, L, hidden], zero-padded to the longest caption in the batch
+    at::Tensor prompt_mask;    // [B, L] int64, 1 for a token
     std::vector<int64_t> indices;  // into TrainingSet::samples()
 };
 
@@ -57,7 +57,8 @@ public:
 
     // Reads and stacks the samples at `indices` (one bucket). With `caption_dropout` > 0, each
     // caption is replaced by the empty prompt with that probability, drawn from `gen`.
-    TrainingBatch load(const std::vector<int64_t>& indices, double caption_dropout, at::Generator& gen) const;
+    TrainingBatch load(const std::vector<int64_t>& indices, double caption_dropout,
+                       at::Generator& gen) const;
 
 private:
     TrainingSet() = default;
@@ -74,7 +75,8 @@ private:
 // a position (epoch, batch) restores it exactly.
 class BucketSampler {
 public:
-    BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t batch_size, uint64_t seed);
+    BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t batch_size,
+                  uint64_t seed);
 
     std::vector<int64_t> next();  // the next batch, moving into the next epoch when one ends
 

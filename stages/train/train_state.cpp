@@ -33,7 +33,8 @@ std::optional<int64_t> step_of(const fs::path& dir) {
     const std::string name = dir.filename().string();
     if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
     const std::string digits = name.substr(std::char_traits<char>::length(kPrefix));
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+        return std::nullopt;
     if (!fs::exists(dir / kStateFile)) return std::nullopt;  // not complete
     return std::stoll(digits);
 }
@@ -52,10 +53,12 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints(const std::string& output_
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& output_dir, const TrainState& state, int64_t total_limit) {
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
+                            int64_t total_limit) {
     fs::create_directories(output_dir);
     const fs::path final_dir = fs::path(output_dir) / fmt::format("{}{}", kPrefix, state.step);
-    const fs::path temp_dir = fs::path(output_dir) / fmt::format(".{}{}.tmp-{}", kPrefix, state.step, ::getpid());
+    const fs::path temp_dir =
+        fs::path(output_dir) / fmt::format(".{}{}.tmp-{}", kPrefix, state.step, ::getpid());
     // Leftovers of runs that crashed while saving.
     for (const auto& entry : fs::directory_iterator(output_dir)) {
         const std::string name = entry.path().filename().string();
@@ -63,11 +66,13 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     }
     fs::create_directories(temp_dir);
 
-    storage::write_tensors_file((temp_dir / "trainable.safetensors").string(), state.trainable, {{"format", "pt"}});
+    storage::write_tensors_file((temp_dir / "trainable.safetensors").string(), state.trainable,
+                                {{"format", "pt"}});
     std::vector<std::pair<std::string, at::Tensor>> extra;
     for (const auto& [name, t] : state.optimizer) extra.emplace_back("optimizer." + name, t);
     for (const auto& [name, t] : state.rng) extra.emplace_back("rng." + name, t);
-    storage::write_tensors_file((temp_dir / "optimizer.safetensors").string(), extra, {{"format", "pt"}});
+    storage::write_tensors_file((temp_dir / "optimizer.safetensors").string(), extra,
+                                {{"format", "pt"}});
 
     nlohmann::json j;
     j["version"] = kStateVersion;
@@ -86,7 +91,8 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     if (total_limit > 0) {
         auto all = checkpoints(output_dir);
         for (size_t i = 0; i + static_cast<size_t>(total_limit) < all.size(); ++i) {
-            log_info("train: removing {} (--checkpoints_total_limit {})", all[i].second.string(), total_limit);
+            log_info("train: removing {} (--checkpoints_total_limit {})", all[i].second.string(),
+                     total_limit);
             fs::remove_all(all[i].second);
         }
     }
@@ -110,8 +116,9 @@ TrainState load_checkpoint(const std::string& dir) {
     TrainState s;
     try {
         if (j.at("version").get<int>() != kStateVersion) {
-            throw Error::InvalidArgument(fmt::format("{}: checkpoint version {} (this build reads {})", state_path,
-                                                     j.at("version").get<int>(), kStateVersion));
+            throw Error::InvalidArgument(
+                fmt::format("{}: checkpoint version {} (this build reads {})", state_path,
+                            j.at("version").get<int>(), kStateVersion));
         }
         s.step = j.at("step").get<int64_t>();
         s.sampler_epoch = j.at("sampler").at("epoch").get<int64_t>();

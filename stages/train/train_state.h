@@ -22,20 +22,21 @@
 namespace sf::train {
 
 struct TrainState {
-    int64_t step = 0;            // optimizer steps done
+    int64_t step = 0;  // optimizer steps done
     int64_t sampler_epoch = 0;
     int64_t sampler_batch = 0;
-    std::map<std::string, double> scaler;           // LossScaler::state()
-    std::map<std::string, std::string> settings;    // what must match on resume (model, rank, ...)
+    std::map<std::string, double> scaler;         // LossScaler::state()
+    std::map<std::string, std::string> settings;  // what must match on resume (model, rank, ...)
     std::vector<std::pair<std::string, at::Tensor>> trainable;
-    std::map<std::string, at::Tensor> optimizer;    // AdamW::state()
-    std::map<std::string, at::Tensor> rng;          // generator name -> state bytes (uint8)
-    std::vector<double> losses;                     // the loss of every step so far
+    std::map<std::string, at::Tensor> optimizer;  // AdamW::state()
+    std::map<std::string, at::Tensor> rng;        // generator name -> state bytes (uint8)
+    std::vector<double> losses;                   // the loss of every step so far
 };
 
 // Writes checkpoint-<state.step> under `output_dir` and returns its path. Then keeps only the
 // newest `total_limit` checkpoints (0 = keep all).
-std::string save_checkpoint(const std::string& output_dir, const TrainState& state, int64_t total_limit);
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
+                            int64_t total_limit);
 
 // The newest complete checkpoint under `output_dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& output_dir);

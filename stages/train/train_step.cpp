@@ -6,13 +6,13 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/device_options.h"
 #include "core/error.h"
-#include "core/shape.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/shape.h"
 #include "model/common/autocast.h"
 #include "model/common/chunked_attention.h"
-#include "core/device_options.h"
 
 namespace sf::train {
 namespace {
@@ -21,27 +21,34 @@ model::AttentionKernel attention_kernel(const std::string& name) {
     if (name == "dense") return model::AttentionKernel::kDense;
     if (name == "chunked") return model::AttentionKernel::kChunked;
     if (name == "fused") return model::AttentionKernel::kFused;
-    throw Error::InvalidArgument(fmt::format("--attention must be dense, chunked or fused, got '{}'", name));
+    throw Error::InvalidArgument(
+        fmt::format("--attention must be dense, chunked or fused, got '{}'", name));
 }
 
 void validate(const TrainStepOptions& o) {
     resolve_dtype(o.mixed_precision);  // names --mixed_precision when bad
     attention_kernel(o.attention);
-    if (o.gradient_checkpointing < 0) throw Error::InvalidArgument("--gradient_checkpointing must be >= 0");
+    if (o.gradient_checkpointing < 0)
+        throw Error::InvalidArgument("--gradient_checkpointing must be >= 0");
     if (o.attention_chunk < 1) throw Error::InvalidArgument("--attention_chunk must be >= 1");
     if (o.accumulation < 1) {
-        throw Error::InvalidArgument(fmt::format("--gradient_accumulation_steps must be >= 1, got {}", o.accumulation));
+        throw Error::InvalidArgument(
+            fmt::format("--gradient_accumulation_steps must be >= 1, got {}", o.accumulation));
     }
     if (o.max_grad_norm < 0) throw Error::InvalidArgument("--max_grad_norm must be >= 0");
     if (o.fused_backward && o.max_grad_norm > 0) {
         throw Error::InvalidArgument(
-            "--fused_backward_pass updates each parameter before the other gradients exist, so it cannot clip by "
-            "the global norm: drop --max_grad_norm (or set it to 0), or drop --fused_backward_pass");
+            "--fused_backward_pass updates each parameter before the other gradients exist, so it "
+            "cannot clip by "
+            "the global norm: drop --max_grad_norm (or set it to 0), or drop "
+            "--fused_backward_pass");
     }
     if (o.fused_backward && o.loss_scaling) {
         throw Error::InvalidArgument(
-            "--fused_backward_pass cannot skip a step after the fact, which fp16 loss scaling needs when a gradient "
-            "overflows: use --mixed_precision bf16 (no loss scaling), or drop --fused_backward_pass");
+            "--fused_backward_pass cannot skip a step after the fact, which fp16 loss scaling "
+            "needs when a gradient "
+            "overflows: use --mixed_precision bf16 (no loss scaling), or drop "
+            "--fused_backward_pass");
     }
     check_flow_matching(o.flow);
 }
@@ -64,7 +71,8 @@ public:
     FusedUpdate(AdamW& adamw, GradientSync& sync) : adamw_(adamw), sync_(sync) {
         for (size_t i = 0; i < adamw.size(); ++i) {
             auto accumulator = torch::autograd::impl::grad_accumulator(adamw.param(i));
-            SF_CHECK(accumulator != nullptr, "a trainable parameter without a gradient accumulator");
+            SF_CHECK(accumulator != nullptr,
+                     "a trainable parameter without a gradient accumulator");
             auto hook = std::make_unique<Hook>(this, i);
             hooks_.push_back(hook.get());
             accumulator->add_post_hook(std::move(hook));
@@ -126,12 +134,13 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
         try {  // refused now, naming the flag, rather than inside the first step
             model::AutocastGuard probe(device_.type(), autocast_dtype_, true);
         } catch (const Error& e) {
-            throw Error::InvalidArgument(fmt::format("--mixed_precision {} on {}: {}{}", options_.mixed_precision,
-                                                     device_.str(), e.what(),
-                                                     device_.is_cpu() ? " (use bf16 on the CPU)" : ""));
+            throw Error::InvalidArgument(fmt::format(
+                "--mixed_precision {} on {}: {}{}", options_.mixed_precision, device_.str(),
+                e.what(), device_.is_cpu() ? " (use bf16 on the CPU)" : ""));
         }
     }
-    if (trainable.empty()) throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
+    if (trainable.empty())
+        throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
     model_->set_gradient_checkpointing(options_.gradient_checkpointing);
@@ -146,12 +155,14 @@ void TrainStep::begin_phase() { mem::reset_peak(); }
 
 void TrainStep::end_phase(const std::string& phase) {
     const bool cuda = device_.is_cuda();
-    PhasePeak now{cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak : mem::cpu_stats().peak,
+    PhasePeak now{cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak
+                       : mem::cpu_stats().peak,
                   mem::peak_rss_bytes()};
     PhasePeak& peak = peaks_[phase];
     peak.tensor_bytes = std::max(peak.tensor_bytes, now.tensor_bytes);
     peak.rss_bytes = std::max(peak.rss_bytes, now.rss_bytes);
-    if (step_ < options_.mark_steps) mem::memory_log().mark("train", fmt::format("step {} {}", step_ + 1, phase));
+    if (step_ < options_.mark_steps)
+        mem::memory_log().mark("train", fmt::format("step {} {}", step_ + 1, phase));
 }
 
 std::string TrainStep::remedies_for(const std::string& phase) const {
@@ -175,8 +186,9 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
     adamw_->zero_grad();
     if (fused_) fused_->disarm();
     mem::release_memory(fmt::format("train step {} after running out of memory", step_ + 1));
-    throw Error::OutOfMemory(fmt::format("out of memory in the {} phase of step {}: {}. Flags that lower it: {}", phase,
-                                         step_ + 1, what, remedies_for(phase)));
+    throw Error::OutOfMemory(
+        fmt::format("out of memory in the {} phase of step {}: {}. Flags that lower it: {}", phase,
+                    step_ + 1, what, remedies_for(phase)));
 }
 
 StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen) {
@@ -193,7 +205,8 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             MicroBatch mb = load(k);
             if (mb.latents.dim() != model_->latent_rank()) {
                 throw Error::InvalidArgument(fmt::format(
-                    "{} takes latents of rank {} ([B, C, h, w] images or [B, C, f, h, w] video), the batch has {}",
+                    "{} takes latents of rank {} ([B, C, h, w] images or [B, C, f, h, w] video), "
+                    "the batch has {}",
                     model_->class_name(), model_->latent_rank(), shape_string(mb.latents)));
             }
             mb.latents = mb.latents.to(device_, at::kFloat);
@@ -206,10 +219,12 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             begin_phase();
             at::Tensor loss;
             {
-                model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
-                const at::Tensor prediction =
-                    model_->forward(noised.noisy, mb.prompt_embeds, noised.timesteps, mb.prompt_mask);
-                SF_CHECK(prediction.sizes() == noised.target.sizes(), "the velocity's shape is not the latents'");
+                model::AutocastGuard guard(device_.type(),
+                                           autocast ? autocast_dtype_ : at::kBFloat16, autocast);
+                const at::Tensor prediction = model_->forward(noised.noisy, mb.prompt_embeds,
+                                                              noised.timesteps, mb.prompt_mask);
+                SF_CHECK(prediction.sizes() == noised.target.sizes(),
+                         "the velocity's shape is not the latents'");
                 loss = flow_matching_loss(prediction, noised.target);
             }
             loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
@@ -231,7 +246,8 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
         if (!fused_) {
             sync_->reduce_all(params_);  // the data-parallel point: every rank's gradients alike
             const bool finite = scaler_.unscale(params_);
-            if (finite && options_.max_grad_norm > 0) result.grad_norm = clip_grad_norm(params_, options_.max_grad_norm);
+            if (finite && options_.max_grad_norm > 0)
+                result.grad_norm = clip_grad_norm(params_, options_.max_grad_norm);
             if (finite) adamw_->step(result.lr);
             result.skipped = !finite;
             result.loss_scale = scaler_.scale();

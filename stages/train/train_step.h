@@ -55,8 +55,8 @@ struct TrainStepOptions {
 };
 
 struct StepResult {
-    int64_t step = 0;      // optimizer steps taken or skipped so far, this one included
-    double loss = 0;       // mean of the micro-batch losses
+    int64_t step = 0;  // optimizer steps taken or skipped so far, this one included
+    double loss = 0;   // mean of the micro-batch losses
     double lr = 0;
     double grad_norm = 0;  // before clipping; 0 when not computed (no clipping, fused)
     bool skipped = false;  // the loss scaler found a non-finite gradient

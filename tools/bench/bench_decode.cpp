@@ -70,7 +70,7 @@ double throughput(const sf::stages::DecodeImageStage& stage, const std::vector<s
         at::Tensor buffer;
         for (int i = next++; i < count; i = next++) {
             const sf::stages::DecodedImage d = stage.run_bytes(files[i % files.size()], "bench.jpg",
-                                                       recycle ? buffer : at::Tensor());
+                                                               recycle ? buffer : at::Tensor());
             checksum += d.bucket_h;
             if (recycle) buffer = d.pixels;
         }

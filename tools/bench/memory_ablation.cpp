@@ -31,23 +31,24 @@
 #include <string>
 #include <vector>
 
+#include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "model/common/lora.h"
 #include "model/dc_ae/autoencoder_dc.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2.h"
-#include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
-#include "core/device_options.h"
 #include "stages/train/train_step.h"
 
 namespace {
 
-const std::vector<std::string> kVariants = {"baseline",          "mixed_precision", "gradient_checkpointing",
-                                            "accumulation",      "chunked_attention", "fused_backward",
-                                            "all",               "online_encoding"};
+const std::vector<std::string> kVariants = {
+    "baseline",     "mixed_precision",   "gradient_checkpointing",
+    "accumulation", "chunked_attention", "fused_backward",
+    "all",          "online_encoding"};
 
 struct Args {
     std::string config;
@@ -56,7 +57,7 @@ struct Args {
     int64_t caption_len = 300;
     std::string variant;
     int64_t grid = 0;
-    int64_t budget = 0;  // bytes; 0: from the free memory
+    int64_t budget = 0;          // bytes; 0: from the free memory
     std::string device = "cpu";  // on "cuda" the peaks compared are the CUDA allocator's
 };
 
@@ -91,7 +92,8 @@ sf::train::TrainStepOptions options_for(const std::string& v, int64_t batch) {
     if (all || v == "mixed_precision") o.mixed_precision = "bf16";
     if (all || v == "gradient_checkpointing") o.gradient_checkpointing = 1;
     if (all || v == "accumulation") o.accumulation = batch;
-    if (all || v == "chunked_attention") o.attention = "fused";  // SDPA where it exists, else chunked
+    if (all || v == "chunked_attention")
+        o.attention = "fused";  // SDPA where it exists, else chunked
     if (all || v == "fused_backward") o.fused_backward = true;
     if (!o.fused_backward) o.max_grad_norm = 1.0;
     return o;
@@ -103,7 +105,8 @@ struct OnlineEncoders {
     sf::model::AutoencoderDC vae{nullptr};
     sf::model::Gemma2Model text{nullptr};
     OnlineEncoders() {
-        vae = sf::model::AutoencoderDC(sf::model::AutoencoderDCConfig::named("dc-ae-f32c32"), /*with_decoder=*/false);
+        vae = sf::model::AutoencoderDC(sf::model::AutoencoderDCConfig::named("dc-ae-f32c32"),
+                                       /*with_decoder=*/false);
         text = sf::model::Gemma2Model(sf::model::Gemma2Config::named("gemma-2-2b"));
         vae->eval();
         text->eval();
@@ -114,7 +117,8 @@ struct OnlineEncoders {
         torch::NoGradGuard no_grad;
         vae->to(device);
         text->to(device);
-        for (int64_t i = 0; i < batch; ++i) vae->encode(torch::rand({1, 3, pixels, pixels}).to(device) * 2 - 1);
+        for (int64_t i = 0; i < batch; ++i)
+            vae->encode(torch::rand({1, 3, pixels, pixels}).to(device) * 2 - 1);
         auto ids = torch::randint(0, 1000, {batch, caption_len}, torch::kLong).to(device);
         text->forward(ids, torch::ones({batch, caption_len}, torch::kLong).to(device));
     }
@@ -124,7 +128,9 @@ int run_one(const Args& a) {
     sf::mem::install_counting_allocator();
     sf::set_torch_threads();
     sf::set_log_level(sf::LogLevel::kWarn);
-    const auto config = a.config.empty() ? default_config() : sf::model::SanaTransformerConfig::from_json_file(a.config);
+    const auto config = a.config.empty()
+                            ? default_config()
+                            : sf::model::SanaTransformerConfig::from_json_file(a.config);
     const int64_t budget = a.budget > 0 ? a.budget : mem_available() - (int64_t{3} << 29);
     sf::mem::set_cpu_budget(budget);
     try {
@@ -135,7 +141,8 @@ int run_one(const Args& a) {
         sf::model::SanaTransformer model(config);
         model->to(device);
         const sf::train::TrainStepOptions o = options_for(a.variant, a.batch);
-        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {}, sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+                                  sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
         const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
         const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
         const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
@@ -147,21 +154,25 @@ int run_one(const Args& a) {
         int64_t peak_tensors = 0, peak_rss = 0;
         if (online) {
             online->encode(a.batch, a.grid * 32, a.caption_len, device);
-            peak_tensors = device.is_cuda() ? sf::mem::cuda_stats().peak : sf::mem::cpu_stats().peak;
+            peak_tensors =
+                device.is_cuda() ? sf::mem::cuda_stats().peak : sf::mem::cpu_stats().peak;
             peak_rss = sf::mem::peak_rss_bytes();
         }
         const auto r = step.step(
             [&](int64_t k) {
                 return sf::train::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
-                                      captions.slice(0, k * micro, (k + 1) * micro),
-                                      mask.slice(0, k * micro, (k + 1) * micro)};
+                                             captions.slice(0, k * micro, (k + 1) * micro),
+                                             mask.slice(0, k * micro, (k + 1) * micro)};
             },
             gen);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld loss=%.5f\n", a.variant.c_str(),
-                    static_cast<long long>(a.grid), static_cast<long long>(a.batch), static_cast<long long>(micro), r.loss);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld loss=%.5f\n",
+                    a.variant.c_str(), static_cast<long long>(a.grid),
+                    static_cast<long long>(a.batch), static_cast<long long>(micro), r.loss);
         std::printf("%s", step.phase_table().c_str());
-        // TrainStep resets the peaks at each phase and keeps each phase's: the step's peak is theirs.
+        // TrainStep resets the peaks at each phase and keeps each phase's: the step's peak is
+        // theirs.
         for (const auto& [phase, peak] : step.phase_peaks()) {
             peak_tensors = std::max(peak_tensors, peak.tensor_bytes);
             peak_rss = std::max(peak_rss, peak.rss_bytes);
@@ -172,7 +183,8 @@ int run_one(const Args& a) {
         return 0;
     } catch (const std::exception& e) {
         const bool oom = sf::train::is_out_of_memory(e);
-        std::printf("does_not_fit=%d budget=%lld error=%s\n", oom ? 1 : 0, static_cast<long long>(budget), e.what());
+        std::printf("does_not_fit=%d budget=%lld error=%s\n", oom ? 1 : 0,
+                    static_cast<long long>(budget), e.what());
         return oom ? 3 : 1;
     }
 }
@@ -186,9 +198,17 @@ struct Result {
 
 // Runs one variant in a child process (this program with --variant), parsing its last lines.
 Result run_child(const Args& a, const std::string& variant, int64_t grid, int64_t batch) {
-    std::vector<std::string> argv = {"memory_ablation", "--variant", variant, "--grid", std::to_string(grid),
-                                     "--batch", std::to_string(batch), "--caption_len", std::to_string(a.caption_len),
-                                     "--device", a.device};
+    std::vector<std::string> argv = {"memory_ablation",
+                                     "--variant",
+                                     variant,
+                                     "--grid",
+                                     std::to_string(grid),
+                                     "--batch",
+                                     std::to_string(batch),
+                                     "--caption_len",
+                                     std::to_string(a.caption_len),
+                                     "--device",
+                                     a.device};
     if (!a.config.empty()) argv.insert(argv.end(), {"--config", a.config});
     if (a.budget > 0) argv.insert(argv.end(), {"--budget", std::to_string(a.budget)});
     int fds[2];
@@ -221,21 +241,29 @@ Result run_child(const Args& a, const std::string& variant, int64_t grid, int64_
         if (line.rfind("does_not_fit=", 0) == 0) r.note = line;
     }
     r.fits = WIFEXITED(status) && WEXITSTATUS(status) == 0 && r.peak_rss > 0;
-    if (!r.fits && r.note.empty()) r.note = WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status)) : "failed";
+    if (!r.fits && r.note.empty())
+        r.note =
+            WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status)) : "failed";
     return r;
 }
 
-std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 30)); }
+std::string gib(int64_t bytes) {
+    return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 30));
+}
 
 int run_table(const Args& a) {
-    std::printf("memory ablation: %s, batch %lld, captions of %lld tokens; one step per variant, fresh process each\n",
-                a.config.empty() ? "4 blocks of width 512 (Sana block structure)" : a.config.c_str(),
-                static_cast<long long>(a.batch), static_cast<long long>(a.caption_len));
-    std::printf("%-8s %-24s %6s %14s %14s %10s %10s %10s\n", "grid", "variant", "batch", "peak rss GiB",
-                "tensors GiB", "peak/base", "step s", "time/base");
+    std::printf(
+        "memory ablation: %s, batch %lld, captions of %lld tokens; one step per variant, fresh "
+        "process each\n",
+        a.config.empty() ? "4 blocks of width 512 (Sana block structure)" : a.config.c_str(),
+        static_cast<long long>(a.batch), static_cast<long long>(a.caption_len));
+    std::printf("%-8s %-24s %6s %14s %14s %10s %10s %10s\n", "grid", "variant", "batch",
+                "peak rss GiB", "tensors GiB", "peak/base", "step s", "time/base");
     // The memory compared: resident on the CPU; on a GPU the device's, the CUDA allocator's peak.
     const bool cuda = a.device.rfind("cuda", 0) == 0;
-    auto peak_of = [cuda](const Result& r) { return static_cast<double>(cuda ? r.peak_tensors : r.peak_rss); };
+    auto peak_of = [cuda](const Result& r) {
+        return static_cast<double>(cuda ? r.peak_tensors : r.peak_rss);
+    };
     std::map<std::string, Result> last_grid;
     int64_t last_batch = a.batch;
     for (size_t gi = 0; gi < a.grids.size(); ++gi) {
@@ -243,8 +271,10 @@ int run_table(const Args& a) {
         int64_t batch = a.batch;
         Result base = run_child(a, "baseline", grid, batch);
         while (!base.fits && batch > 1) {
-            std::printf("%-8lld baseline does not fit at batch %lld (%s): halving the batch for every variant\n",
-                        static_cast<long long>(grid), static_cast<long long>(batch), base.note.c_str());
+            std::printf(
+                "%-8lld baseline does not fit at batch %lld (%s): halving the batch for every "
+                "variant\n",
+                static_cast<long long>(grid), static_cast<long long>(batch), base.note.c_str());
             batch /= 2;
             base = run_child(a, "baseline", grid, batch);
         }
@@ -254,13 +284,16 @@ int run_table(const Args& a) {
             const Result r = v == "baseline" ? base : run_child(a, v, grid, batch);
             const std::string label = fmt::format("{} ({}px)", grid, grid * 32);
             if (!r.fits) {
-                std::printf("%-8s %-24s %6lld  does not fit: %s\n", label.c_str(), v.c_str(), static_cast<long long>(batch),
-                            r.note.c_str());
+                std::printf("%-8s %-24s %6lld  does not fit: %s\n", label.c_str(), v.c_str(),
+                            static_cast<long long>(batch), r.note.c_str());
             } else {
-                std::printf("%-8s %-24s %6lld %14s %14s %10s %10.2f %10s\n", label.c_str(), v.c_str(),
-                            static_cast<long long>(batch), gib(r.peak_rss).c_str(), gib(r.peak_tensors).c_str(),
-                            base.fits ? fmt::format("{:.3f}", peak_of(r) / peak_of(base)).c_str() : "-",
-                            r.seconds, base.fits ? fmt::format("{:.2f}", r.seconds / base.seconds).c_str() : "-");
+                std::printf(
+                    "%-8s %-24s %6lld %14s %14s %10s %10.2f %10s\n", label.c_str(), v.c_str(),
+                    static_cast<long long>(batch), gib(r.peak_rss).c_str(),
+                    gib(r.peak_tensors).c_str(),
+                    base.fits ? fmt::format("{:.3f}", peak_of(r) / peak_of(base)).c_str() : "-",
+                    r.seconds,
+                    base.fits ? fmt::format("{:.2f}", r.seconds / base.seconds).c_str() : "-");
             }
             std::fflush(stdout);
             if (gi + 1 == a.grids.size()) last_grid[v] = r;
@@ -270,13 +303,16 @@ int run_table(const Args& a) {
     const Result& base = last_grid["baseline"];
     const Result& all = last_grid["all"];
     if (!base.fits || !all.fits) {
-        std::printf("ratio=nan (baseline or all does not fit at the largest grid even at batch 1)\n");
+        std::printf(
+            "ratio=nan (baseline or all does not fit at the largest grid even at batch 1)\n");
         return 1;
     }
     const double all_peak = peak_of(all), base_peak = peak_of(base);
-    std::printf("at the largest grid, batch %lld: all remedies %.2f GiB vs baseline %.2f GiB %s, step %.2fx the baseline's time\n",
-                static_cast<long long>(last_batch), all_peak / (1 << 30), base_peak / (1 << 30),
-                cuda ? "CUDA allocator peak" : "resident", all.seconds / base.seconds);
+    std::printf(
+        "at the largest grid, batch %lld: all remedies %.2f GiB vs baseline %.2f GiB %s, step "
+        "%.2fx the baseline's time\n",
+        static_cast<long long>(last_batch), all_peak / (1 << 30), base_peak / (1 << 30),
+        cuda ? "CUDA allocator peak" : "resident", all.seconds / base.seconds);
     std::printf("ratio=%.3f\n", all_peak / base_peak);
     return 0;
 }
@@ -302,22 +338,33 @@ int main(int argc, char** argv) {
             }
             return argv[++i];
         };
-        if (flag == "--config") a.config = value();
-        else if (flag == "--grids") a.grids = parse_list(value());
-        else if (flag == "--batch") a.batch = std::stoll(value());
-        else if (flag == "--caption_len") a.caption_len = std::stoll(value());
-        else if (flag == "--variant") a.variant = value();
-        else if (flag == "--grid") a.grid = std::stoll(value());
-        else if (flag == "--budget") a.budget = std::stoll(value());
-        else if (flag == "--device") a.device = value();
+        if (flag == "--config")
+            a.config = value();
+        else if (flag == "--grids")
+            a.grids = parse_list(value());
+        else if (flag == "--batch")
+            a.batch = std::stoll(value());
+        else if (flag == "--caption_len")
+            a.caption_len = std::stoll(value());
+        else if (flag == "--variant")
+            a.variant = value();
+        else if (flag == "--grid")
+            a.grid = std::stoll(value());
+        else if (flag == "--budget")
+            a.budget = std::stoll(value());
+        else if (flag == "--device")
+            a.device = value();
         else {
-            std::fprintf(stderr, "memory_ablation: unknown flag %s (flags: --config --grids --batch --caption_len --variant --grid --budget --device)\n",
+            std::fprintf(stderr,
+                         "memory_ablation: unknown flag %s (flags: --config --grids --batch "
+                         "--caption_len --variant --grid --budget --device)\n",
                          flag.c_str());
             return 2;
         }
     }
     if (a.batch < 1 || a.caption_len < 1 || a.grids.empty()) {
-        std::fprintf(stderr, "memory_ablation: --batch, --caption_len and --grids must be positive\n");
+        std::fprintf(stderr,
+                     "memory_ablation: --batch, --caption_len and --grids must be positive\n");
         return 2;
     }
     if (!a.variant.empty()) {
