@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "graph/pipeline.h"
 #include "graph_test_util.h"
+#include "test_util.h"
 
 namespace sf::graph {
 namespace {
@@ -164,26 +165,19 @@ TEST(LinearPipelineBatch, WrongNumberOfOutputsIsFatal) {
                         })
         .sink("write", [](std::any&&) {})
         .progress(quiet());
-    try {
-        with_watchdog(10s, [&] { return pipeline.run(); });
-        FAIL() << "no exception";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("returned 1 outputs for 2 inputs"), std::string::npos)
-            << e.what();
-    }
+    sf::test::expect_error([&] { with_watchdog(10s, [&] { return pipeline.run(); }); },
+                           ErrorCode::kInvalidArgument, "returned 1 outputs for 2 inputs");
 }
 
 TEST(LinearPipelineBatch, BatchLargerThanTheTokenPoolIsRefusedWhenBuilt) {
     LinearPipeline pipeline("too_big", 3);
     pipeline.source("count", count_to(8));
-    try {
-        pipeline.serial_batched("vae", 4, [](std::vector<std::any>&& xs) { return std::move(xs); });
-        FAIL() << "no exception";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("max_in_flight = 3"), std::string::npos) << e.what();
-    }
+    sf::test::expect_error(
+        [&] {
+            pipeline.serial_batched("vae", 4,
+                                    [](std::vector<std::any>&& xs) { return std::move(xs); });
+        },
+        ErrorCode::kInvalidArgument, "max_in_flight = 3");
 }
 
 }  // namespace

@@ -21,22 +21,21 @@
 #include "core/error.h"
 #include "graph/pipeline.h"
 #include "graph_test_util.h"
+#include "test_util.h"
 
 namespace sf::graph {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::as_int;
+using testing::DiskFull;
+using testing::expect_disk_full;
 using testing::InFlight;
 using testing::quiet;
 using testing::with_watchdog;
 
 using IndexSub = std::pair<int64_t, int64_t>;
 using Batches = std::vector<std::vector<IndexSub>>;
-
-struct DiskFull : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 // One source item per entry, whose payload is the number of outputs it expands into.
 LinearPipeline::SourceFn items_with_counts(std::vector<int64_t> counts) {
@@ -423,16 +422,8 @@ TEST(LinearPipelineExpand, FatalErrorMidExpansionIsRethrownWithItsTypeAndDoesNot
         .sink("write", [&](std::any&& x) { written.push_back(index_sub_of(as_int(x))); })
         .progress(quiet());
 
-    bool caught = false;
-    with_watchdog(10s, [&] {
-        try {
-            pipeline.run();
-        } catch (const DiskFull& e) {
-            caught = true;
-            EXPECT_STREQ(e.what(), "no space left on device");
-        }
-    });
-    ASSERT_TRUE(caught) << "the stage's exception type was not rethrown";
+    expect_disk_full(pipeline);
+    if (::testing::Test::HasFailure()) return;
     const RunStats& stats = pipeline.stats();
     EXPECT_TRUE(stats.cancelled);
     EXPECT_EQ(expansions.opened.load(), 2);
@@ -475,15 +466,8 @@ TEST(LinearPipelineExpand, AnEmptyNextFunctionIsFatal) {
         .expand("windows", [](std::any&&) { return LinearPipeline::SourceFn(); })
         .sink("write", [](std::any&&) {})
         .progress(quiet());
-    try {
-        with_watchdog(10s, [&] { return pipeline.run(); });
-        FAIL() << "no exception";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("windows returned an empty next function"),
-                  std::string::npos)
-            << e.what();
-    }
+    sf::test::expect_error([&] { with_watchdog(10s, [&] { return pipeline.run(); }); },
+                           ErrorCode::kInvalidArgument, "windows returned an empty next function");
     expect_accounted(pipeline.stats());
 }
 
@@ -635,15 +619,8 @@ TEST(LinearPipelineExpand, PlanShowsTheExpandStageTheSecondPoolAndTheDeviceLease
     other.source("list", items_with_counts({1})).parallel("decode", 3, [](std::any&& x) {
         return std::move(x);
     });
-    try {
-        other.holds_device_lease();
-        FAIL() << "no exception";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("stage decode: runs 3 bodies at once"),
-                  std::string::npos)
-            << e.what();
-    }
+    sf::test::expect_error([&] { other.holds_device_lease(); }, ErrorCode::kInvalidArgument,
+                           "stage decode: runs 3 bodies at once");
     other.serial("encode", [](std::any&& x) { return std::move(x); }).holds_device_lease(1);
     EXPECT_NE(other.plan().find("holds the device lease of device 1"), std::string::npos)
         << other.plan();

@@ -12,12 +12,21 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 
 #include "graph/pipeline.h"
 
 namespace sf::graph::testing {
+
+// A fatal error of stage code that is not an sf::Error: it must come back out of run() as itself.
+struct DiskFull : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Runs `pipeline` (under a watchdog) and expects the DiskFull one of its stages threw.
+inline void expect_disk_full(LinearPipeline& pipeline);
 
 // Runs fn on its own thread and returns its result (rethrowing its exception, type intact). A
 // graph that hangs must fail with a message rather than stall the suite until ctest's timeout,
@@ -71,5 +80,18 @@ struct InFlight {
 };
 
 inline ProgressOptions quiet() { return ProgressOptions{ProgressMode::kOff}; }
+
+inline void expect_disk_full(LinearPipeline& pipeline) {
+    bool caught = false;
+    with_watchdog(std::chrono::seconds(10), [&] {
+        try {
+            pipeline.run();
+        } catch (const DiskFull& e) {
+            caught = true;
+            EXPECT_STREQ(e.what(), "no space left on device");
+        }
+    });
+    EXPECT_TRUE(caught) << "the stage's exception type was not rethrown";
+}
 
 }  // namespace sf::graph::testing

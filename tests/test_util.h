@@ -27,6 +27,18 @@ inline std::string error_of(const std::function<void()>& f) {
     return "(no error)";
 }
 
+// `f` must throw an sf::Error of `code` whose message contains `text`.
+inline void expect_error(const std::function<void()>& f, sf::ErrorCode code,
+                         const std::string& text) {
+    try {
+        f();
+        ADD_FAILURE() << "no exception; expected one containing \"" << text << "\"";
+    } catch (const sf::Error& e) {
+        EXPECT_EQ(e.code(), code) << e.what();
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+}
+
 // A fresh folder under the system temp dir, removed with everything in it on destruction.
 class TempDir {
 public:
