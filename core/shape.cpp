@@ -1,6 +1,7 @@
 #include "core/shape.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace sf {
 

@@ -1,6 +1,14 @@
-// Every difference between the LibTorch versions sanaflow builds against lives here: Debian's
-// CPU LibTorch 1.13 on development machines and CI, a CUDA LibTorch 2.x on GPU machines.
-// Include it only from .cpp files that already include torch headers.
+// Every difference between the LibTorch versions sanaflow builds against lives here. Include it
+// only from .cpp files that already include torch headers.
+//
+// Compiled and tested with, on every CI run (tools/build.sh, tools/test.sh):
+//   - Debian 12's LibTorch 1.13.1, CPU only: every `#else` branch below; the whole suite.
+//   - PyPI's torch 2.12.1+cu130 (CUDA 13.0), built with SANAFLOW_WITH_CUDA: every 2.x branch
+//     and every CUDA branch compile and link; the whole suite runs on the CPU (the gpu tests skip
+//     without a device). The CUDA branches have run on a GPU only where the README says so.
+// Outside this header the two differ in nothing the tests see; the build differs in two places
+// (top-level CMakeLists.txt): PyPI's LibTorch ships fmt's headers, which must not shadow
+// Debian's, and finds its CUDA libraries through an RPATH the linker must be pointed at.
 #pragma once
 
 #include <ATen/ATen.h>

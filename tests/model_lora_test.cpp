@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/common/autocast.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_config.h"
 #include "model/sana/sana_transformer.h"
@@ -68,26 +69,6 @@ std::string error_of(const std::function<void()>& f) {
     ADD_FAILURE() << "no sf::Error thrown";
     return "";
 }
-
-// CPU autocast for one scope, as torch.autocast("cpu", dtype) does it.
-class CpuAutocast {
-public:
-    explicit CpuAutocast(at::ScalarType dtype)
-        : enabled_(at::autocast::is_cpu_enabled()), dtype_(at::autocast::get_autocast_cpu_dtype()) {
-        at::autocast::set_autocast_cpu_dtype(dtype);
-        at::autocast::set_cpu_enabled(true);
-        at::autocast::increment_nesting();
-    }
-    ~CpuAutocast() {
-        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-        at::autocast::set_cpu_enabled(enabled_);
-        at::autocast::set_autocast_cpu_dtype(dtype_);
-    }
-
-private:
-    bool enabled_;
-    at::ScalarType dtype_;
-};
 
 TEST(LoRA, FreshAdaptersLeaveTheOutputUnchanged) {
     const Inputs in = make_inputs();
@@ -376,7 +357,7 @@ TEST(LoRA, CastFrozenKeepsFp32AdaptersThatTrainUnderBf16Autocast) {
     }
     at::Tensor out;
     {
-        CpuAutocast autocast(at::kBFloat16);
+        sf::model::AutocastGuard autocast(c10::DeviceType::CPU, at::kBFloat16);
         out = run(model, in);
     }
     EXPECT_TRUE(torch::isfinite(out).all().item<bool>());

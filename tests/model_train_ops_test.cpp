@@ -476,4 +476,25 @@ TEST(Autocast, CastCacheLivesUntilTheOutermostScopeExits) {
     EXPECT_FALSE(torch::equal(at::linear(x, w), first)) << "the cache outlived its scope";
 }
 
+// What the guard turns on is autocast's own casting, whichever LibTorch API sets it (the per-device
+// functions of 1.13, the device-type ones of 2.4 and later: core/torch_compat.h): a matmul under
+// the guard gives bit for bit the bf16 matmul of bf16-cast inputs, and leaves fp32 inputs fp32
+// outside it.
+TEST(Autocast, CastsExactlyAsExplicitBf16Inputs) {
+    torch::manual_seed(14);
+    const at::Tensor x = torch::randn({5, 16}), w = torch::randn({8, 16}), b = torch::randn({8});
+    at::Tensor linear, matmul;
+    {
+        AutocastGuard bf16(at::kCPU, at::kBFloat16);
+        linear = at::linear(x, w, b);
+        matmul = at::matmul(x, w.t());
+    }
+    EXPECT_EQ(linear.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(matmul.scalar_type(), at::kBFloat16);
+    const auto cast = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+    EXPECT_TRUE(torch::equal(linear, at::linear(cast(x), cast(w), cast(b))));
+    EXPECT_TRUE(torch::equal(matmul, at::matmul(cast(x), cast(w).t())));
+    EXPECT_EQ(at::linear(x, w, b).scalar_type(), at::kFloat);
+}
+
 }  // namespace

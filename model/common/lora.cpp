@@ -17,6 +17,7 @@
 #include "model/common/lora.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>

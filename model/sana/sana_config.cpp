@@ -1,6 +1,7 @@
 #include "model/sana/sana_config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,7 @@
 #include "pipelines/prep/prep.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fstream>
 

@@ -2,6 +2,7 @@
 // optimizer and scaler state, the sampler's position and both random generators.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "core/error.h"

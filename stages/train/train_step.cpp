@@ -1,6 +1,7 @@
 #include "stages/train/train_step.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -6,6 +6,8 @@
 // The last line is ratio=<pipelined wall time / sequential sum>: below 1 means overlap.
 //
 //   bench_prep [--images N] [--workers N]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
