@@ -17,6 +17,11 @@ c10::Device resolve_device(const std::string& flag);
 // --mixed_precision otherwise.
 c10::ScalarType resolve_dtype(const std::string& mixed_precision);
 
+// kInvalidArgument naming --mixed_precision when `device` cannot compute convolutions and matmuls
+// in `dtype` (LibTorch 1.13 has no float16 ones on the CPU), instead of a LibTorch error from
+// the middle of a model.
+void require_compute_dtype(c10::Device device, c10::ScalarType dtype);
+
 // "fp32", "fp16", "bf16": how fingerprints and record metadata name a dtype.
 std::string dtype_tag(c10::ScalarType dtype);
 

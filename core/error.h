@@ -20,9 +20,13 @@ const char* error_code_name(ErrorCode code);
 class Error : public std::runtime_error {
 public:
     Error(ErrorCode code, const std::string& message)
-        : std::runtime_error(std::string(error_code_name(code)) + ": " + message), code_(code) {}
+        : std::runtime_error(std::string(error_code_name(code)) + ": " + message),
+          code_(code),
+          message_(message) {}
 
     ErrorCode code() const { return code_; }
+    // The message without the category in front.
+    const std::string& message() const { return message_; }
 
     static Error InvalidArgument(const std::string& m) { return {ErrorCode::kInvalidArgument, m}; }
     static Error NotFound(const std::string& m) { return {ErrorCode::kNotFound, m}; }
@@ -32,6 +36,7 @@ public:
 
 private:
     ErrorCode code_;
+    std::string message_;
 };
 
 // A bad input item (corrupt image, caption missing, too small): thrown by a stage for one item;

@@ -47,7 +47,8 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
         storage::CacheReader reader(cache, db);
         reader.for_each([&](std::string_view key, std::string_view frame) {
             try {
-                auto record = storage::decode_record(frame, std::string(key));
+                auto record = storage::decode_record(frame, std::string(key),
+                                                     storage::schema::max_record_bytes(db));
                 if (auto t = record.metadata.find(storage::schema::kTokens);
                     t != record.metadata.end()) {
                     const int64_t n = std::stoll(t->second);

@@ -6,18 +6,26 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "storage/fault_injection.h"
 
 namespace sf::storage {
 namespace {
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
 
-Error io_error(const std::string& what, const std::string& path, int err) {
+// `needed`: bytes still to write, when known, for the disk-full message.
+Error io_error(const std::string& what, const std::string& path, int err, uint64_t needed = 0) {
     if (err == ENOENT) return Error::NotFound(what + " " + path + ": " + errno_text(err));
-    if (err == ENOSPC) return Error::IOError("disk full: " + what + " " + path);
+    if (err == ENOSPC || err == EIO || err == EDQUOT) {
+        const std::optional<uint64_t> free = faults::free_bytes(path);
+        if (err != EIO || (free && *free < faults::kNearlyFullBytes))
+            return Error::IOError(disk_full_message(what + " " + path, free, needed));
+    }
     return Error::IOError(what + " " + path + ": " + errno_text(err));
 }
 
@@ -52,12 +60,25 @@ void UniqueFd::reset(int fd) {
     fd_ = fd;
 }
 
+std::string disk_full_message(const std::string& doing, std::optional<uint64_t> free,
+                              uint64_t needed) {
+    std::string out = "disk full: " + doing;
+    if (free) out += ": " + format_bytes(static_cast<int64_t>(*free)) + " free";
+    if (needed > 0) out += ", at least " + format_bytes(static_cast<int64_t>(needed)) + " needed";
+    return out + " (make room and rerun: what was written before is intact)";
+}
+
 void write_all(int fd, std::string_view bytes, const std::string& what) {
     while (!bytes.empty()) {
-        ssize_t n = ::write(fd, bytes.data(), bytes.size());
+        ssize_t n = -1;
+        if (const int injected = faults::check(faults::Op::kWrite, what)) {
+            errno = injected;
+        } else {
+            n = ::write(fd, bytes.data(), bytes.size());
+        }
         if (n < 0) {
             if (errno == EINTR) continue;
-            throw io_error("writing", what, errno);
+            throw io_error("writing", what, errno, bytes.size());
         }
         bytes.remove_prefix(static_cast<size_t>(n));
     }
@@ -67,6 +88,8 @@ void fsync_parent_dir(const std::string& path) {
     std::string dir = parent_dir(path);
     UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd) throw io_error("opening directory", dir, errno);
+    if (const int injected = faults::check(faults::Op::kFsync, dir))
+        throw io_error("fsync of directory", dir, injected);
     if (::fsync(fd.get()) != 0) throw io_error("fsync of directory", dir, errno);
 }
 
@@ -89,9 +112,13 @@ void AtomicFileWriter::write(std::string_view bytes) {
 
 void AtomicFileWriter::commit() {
     if (committed_) return;
+    if (const int injected = faults::check(faults::Op::kFsync, temp_path_))
+        throw io_error("fsync of", temp_path_, injected);
     if (::fsync(fd_.get()) != 0) throw io_error("fsync of", temp_path_, errno);
     // close() can report a deferred write error (NFS); treat it as a failed write.
     if (::close(fd_.release()) != 0) throw io_error("closing", temp_path_, errno);
+    if (const int injected = faults::check(faults::Op::kRename, path_))
+        throw io_error("renaming onto", path_, injected);
     if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
         throw io_error("renaming onto", path_, errno);
     committed_ = true;

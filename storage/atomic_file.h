@@ -3,6 +3,8 @@
 // reader sees either the old file or the new one, never half of either.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -57,6 +59,11 @@ std::string read_file(const std::string& path);
 
 // Writes all of `bytes` to `fd`, retrying short writes and EINTR; `what` names the file in errors.
 void write_all(int fd, std::string_view bytes, const std::string& what);
+
+// "disk full: <doing>: <free> free, at least <needed> needed (make room and rerun: ...)", the one
+// wording of a full disk (`free` and `needed` left out when unknown or 0).
+std::string disk_full_message(const std::string& doing, std::optional<uint64_t> free,
+                              uint64_t needed);
 
 // fsync the directory that holds `path`, so that a rename or a creation inside it is durable.
 void fsync_parent_dir(const std::string& path);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "storage/json_text.h"
 #include "storage/xxh3.h"
 
 namespace sf::storage {
@@ -34,12 +35,7 @@ std::string reject_to_json(const RejectEntry& entry) {
 }
 
 RejectEntry reject_from_json(std::string_view text, const std::string& where) {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text.begin(), text.end());
-    } catch (const nlohmann::json::exception& e) {
-        throw Error::Corruption(where + ": reject entry is not valid JSON: " + e.what());
-    }
+    const nlohmann::json j = parse_json(text, where + ": reject entry", ErrorCode::kCorruption);
     auto str = [&](const char* field) {
         auto it = j.find(field);
         if (it == j.end() || !it->is_string()) {
@@ -67,6 +63,29 @@ Cache Cache::open(const std::string& dir, const CacheOptions& options) {
     lmdb.initial_map_size = options.initial_map_size;
     Cache cache(LMDBEnv::open(dir, lmdb));
     LMDBEnv& env = *cache.env_;
+
+    // Another program's LMDB environment is not written into: it has databases but no meta db
+    // with a format version. (Only the reserved dbs without a version: our own first open,
+    // interrupted before the version was written.)
+    std::vector<std::string> foreign;
+    for (std::string& name : env.db_names()) {
+        if (!is_reserved_db(name)) foreign.push_back(std::move(name));
+    }
+    if (!foreign.empty()) {
+        auto meta = env.open_db(kMetaDb, false);
+        bool versioned = false;
+        if (meta) {
+            LMDBTxn txn(cache.env_, LMDBTxn::Mode::kRead);
+            versioned = txn.get(*meta, kVersionKey).has_value();
+        }
+        if (!versioned) {
+            throw Error::InvalidArgument(
+                dir + " is an LMDB environment of another program (it holds '" +
+                text_excerpt(foreign.front()) +
+                "' and no sanaflow format version): not a sanaflow cache, and not written into; "
+                "give a new or empty --cache_dir");
+        }
+    }
 
     if (!env.read_only()) {
         for (const char* name : {kMetaDb, kFingerprintsDb, kRejectsDb}) env.open_db(name, true);

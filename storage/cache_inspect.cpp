@@ -1,6 +1,7 @@
 // Cache::verify_all and Cache::stats: whole-cache passes for `sanaflow inspect`.
 #include "core/error.h"
 #include "storage/cache.h"
+#include "storage/cache_schema.h"
 #include "storage/tensor_record.h"
 
 namespace sf::storage {
@@ -29,7 +30,8 @@ VerifyReport Cache::verify_all(const std::function<void(int64_t)>& progress) {
         for (bool ok = cursor.first(); ok; ok = cursor.next()) {
             std::string key(cursor.key());
             try {
-                decode_record(cursor.value(), key + " (db '" + name + "' in cache " + dir() + ")");
+                decode_record(cursor.value(), key + " (db '" + name + "' in cache " + dir() + ")",
+                              schema::max_record_bytes(name));
                 ++db_report.ok;
             } catch (const Error& e) {
                 ++db_report.corrupt;
@@ -88,8 +90,8 @@ std::vector<DbStats> Cache::stats() {
                 // Only the frame header is read; a damaged one is counted at its stored size and
                 // left for verify_all to report.
                 try {
-                    plain =
-                        static_cast<int64_t>(record_content_size(value, std::string(cursor.key())));
+                    plain = static_cast<int64_t>(record_content_size(
+                        value, std::string(cursor.key()), schema::max_record_bytes(name)));
                 } catch (const Error&) {
                 }
             }

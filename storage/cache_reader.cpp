@@ -1,9 +1,12 @@
 #include "storage/cache_reader.h"
 
+#include "storage/cache_schema.h"
+
 namespace sf::storage {
 
-CacheSnapshot::CacheSnapshot(LMDBTxn txn, std::optional<LMDBDb> db, std::string where)
-    : txn_(std::move(txn)), db_(std::move(db)), where_(std::move(where)) {}
+CacheSnapshot::CacheSnapshot(LMDBTxn txn, std::optional<LMDBDb> db, std::string where,
+                             uint64_t max_bytes)
+    : txn_(std::move(txn)), db_(std::move(db)), where_(std::move(where)), max_bytes_(max_bytes) {}
 
 std::string CacheSnapshot::key_for_errors(std::string_view key) const {
     return std::string(key) + " (" + where_ + ")";
@@ -21,7 +24,7 @@ std::optional<std::string_view> CacheSnapshot::get_raw(const std::string& key) c
 std::optional<Record> CacheSnapshot::get(const std::string& key) const {
     auto frame = get_raw(key);
     if (!frame) return std::nullopt;
-    return decode_record(*frame, key_for_errors(key));
+    return decode_record(*frame, key_for_errors(key), max_bytes_);
 }
 
 size_t CacheSnapshot::count() const { return db_ ? txn_.count(*db_) : 0; }
@@ -46,7 +49,8 @@ CacheSnapshot CacheReader::snapshot() const {
     std::optional<LMDBDb> db = cache_.find_db(db_name_);
     LMDBTxn txn(cache_.env(), LMDBTxn::Mode::kRead);
     return CacheSnapshot(std::move(txn), std::move(db),
-                         "db '" + db_name_ + "' in cache " + cache_.dir());
+                         "db '" + db_name_ + "' in cache " + cache_.dir(),
+                         schema::max_record_bytes(db_name_));
 }
 
 bool CacheReader::contains(const std::string& key) const { return snapshot().contains(key); }

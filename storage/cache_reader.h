@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -24,6 +25,8 @@ using RecordVisitor = std::function<void(std::string_view key, std::string_view 
 // One LMDB read transaction: use it from one thread at a time (it may move between threads).
 class CacheSnapshot {
 public:
+    // Records are refused (kCorruption) when they declare more than their kind can hold
+    // (schema::max_record_bytes).
     bool contains(const std::string& key) const;
     std::optional<Record> get(const std::string& key) const;
     // The stored frame, unverified; it lives in the map until the snapshot ends.
@@ -34,12 +37,13 @@ public:
 
 private:
     friend class CacheReader;
-    CacheSnapshot(LMDBTxn txn, std::optional<LMDBDb> db, std::string where);
+    CacheSnapshot(LMDBTxn txn, std::optional<LMDBDb> db, std::string where, uint64_t max_bytes);
     std::string key_for_errors(std::string_view key) const;
 
     LMDBTxn txn_;
     std::optional<LMDBDb> db_;  // absent: the db does not exist yet, so it reads as empty
     std::string where_;
+    uint64_t max_bytes_;  // schema::max_record_bytes of the db
 };
 
 class CacheReader {

@@ -42,6 +42,14 @@ bool parse_dim(const std::string& s, int64_t& out) {
 
 }  // namespace
 
+uint64_t max_record_bytes(const std::string& db) {
+    if (db == kLatentsDb) return kMaxLatentRecordBytes;
+    if (db == kTextDb) return kMaxTextRecordBytes;
+    if (db == kSamplesDb) return kMaxSampleRecordBytes;
+    if (db == kManifestDb) return kMaxManifestRecordBytes;
+    return kMaxOtherRecordBytes;
+}
+
 std::string Bucket::name() const {
     if (frames == 1) return fmt::format("{}x{}", height, width);
     return fmt::format("{}x{}x{}", frames, height, width);

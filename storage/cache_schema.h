@@ -21,6 +21,23 @@ constexpr const char* kManifestDb = "manifest";  // kManifestSamplesKey -> the l
 constexpr const char* kEmptyPromptKey = "empty-prompt";  // text db: for caption dropout
 constexpr const char* kManifestSamplesKey = "samples";   // manifest db
 
+// --- Record size limits ----------------------------------------------------------------------
+// The most bytes a record of each database may decode to, far above what the record kind holds
+// (a latent of the largest image bucket is 2 MiB, an 81-frame 720p video window 19 MiB; text of
+// 300 tokens of a 4096-wide encoder 4.7 MiB; a sample record is a caption and a few keys). Readers
+// refuse a record whose frame declares more before allocating anything, and writers refuse to
+// write one, so no record is written that the reader would call corrupt.
+constexpr uint64_t kMaxLatentRecordBytes = uint64_t{512} << 20;
+constexpr uint64_t kMaxTextRecordBytes = uint64_t{64} << 20;
+constexpr uint64_t kMaxSampleRecordBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxManifestRecordBytes = uint64_t{1} << 30;  // ~30M sample keys
+constexpr uint64_t kMaxOtherRecordBytes = uint64_t{64} << 20;    // a db the schema does not name
+uint64_t max_record_bytes(const std::string& db);
+
+// The longest caption prep accepts, in bytes. The text encoder keeps the first 300 tokens, which
+// no real caption anywhere near this long needs; a longer one is a rejected sample.
+constexpr size_t kMaxCaptionBytes = 64 * 1024;
+
 // --- Stage names: keys of the fingerprints db and the `stage` of the records they write --------
 constexpr const char* kDecodeImageStage = "decode_image";
 constexpr const char* kEncodeTextStage = "encode_text";

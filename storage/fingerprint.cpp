@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "storage/json_text.h"
 #include "storage/xxh3.h"
 
 namespace sf::storage {
@@ -16,17 +17,13 @@ std::string fingerprint_to_json(const Fingerprint& fingerprint) {
 }
 
 Fingerprint fingerprint_from_json(std::string_view text, const std::string& where) {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text.begin(), text.end());
-    } catch (const nlohmann::json::exception& e) {
-        throw Error::Corruption(where + ": fingerprint is not valid JSON: " + e.what());
-    }
+    const nlohmann::json j = parse_json(text, where + ": fingerprint", ErrorCode::kCorruption);
     if (!j.is_object()) throw Error::Corruption(where + ": fingerprint is not a JSON object");
     Fingerprint out;
     for (const auto& [key, value] : j.items()) {
         if (!value.is_string()) {
-            throw Error::Corruption(where + ": fingerprint field '" + key + "' is not a string");
+            throw Error::Corruption(where + ": fingerprint field '" + text_excerpt(key) +
+                                    "' is not a string");
         }
         out[key] = value.get<std::string>();
     }

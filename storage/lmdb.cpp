@@ -1,5 +1,6 @@
 #include "storage/lmdb.h"
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -8,6 +9,8 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "storage/atomic_file.h"
+#include "storage/fault_injection.h"
 
 namespace sf::storage {
 namespace {
@@ -277,8 +280,20 @@ LMDBTxn::LMDBTxn(LMDBTxn&& other) noexcept
 void LMDBTxn::commit() {
     SF_CHECK(txn_ != nullptr, "commit of a finished LMDB transaction");
     SF_CHECK(open_cursors_ == 0, "commit of an LMDB transaction with open cursors");
-    int rc = mdb_txn_commit(std::exchange(txn_, nullptr));  // frees the txn even on failure
+    int rc = faults::check(faults::Op::kCommit, env_->dir_);
+    if (rc != 0) {
+        mdb_txn_abort(std::exchange(txn_, nullptr));
+    } else {
+        rc = mdb_txn_commit(std::exchange(txn_, nullptr));  // frees the txn even on failure
+    }
     resize_lock_.unlock();
+    if (rc == ENOSPC || rc == EIO || rc == EDQUOT) {
+        // LMDB reports a short write at the end of the space as EIO: a nearly full file system
+        // says what it was.
+        const std::optional<uint64_t> free = faults::free_bytes(env_->dir_);
+        if (rc != EIO || (free && *free < faults::kNearlyFullBytes))
+            throw Error::IOError(disk_full_message("committing to " + env_->dir_, free, 0));
+    }
     if (rc != 0) throw_lmdb_error("committing to " + env_->dir_, rc);
 }
 

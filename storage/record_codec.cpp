@@ -1,9 +1,11 @@
 // The cache's record form: a safetensors buffer inside one zstd frame with content size and
 // content checksum. zstd verifies the checksum while decompressing, so a record read back is either
 // the bytes that were written or a kCorruption error.
-#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader, ZSTD_decompressBound
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader
 #include <zstd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "core/error.h"
@@ -12,9 +14,8 @@
 namespace sf::storage {
 namespace {
 
-// A record larger than this is refused before allocating: a corrupt content size must not turn
-// into a huge allocation.
-constexpr uint64_t kMaxRecordBytes = uint64_t{16} << 30;
+// The first output buffer of a decode; it doubles as the frame's blocks actually produce bytes.
+constexpr uint64_t kFirstOutputBytes = uint64_t{1} << 20;
 
 struct CCtxDeleter {
     void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
@@ -41,7 +42,7 @@ Error corrupt(const std::string& key, const std::string& what) {
 }
 
 // Checks that `frame` is exactly one record frame and returns its content size.
-uint64_t check_frame(std::string_view frame, const std::string& key) {
+uint64_t check_frame(std::string_view frame, const std::string& key, uint64_t max_bytes) {
     ZSTD_frameHeader header;
     size_t rc = ZSTD_getFrameHeader(&header, frame.data(), frame.size());
     if (ZSTD_isError(rc)) {
@@ -55,9 +56,10 @@ uint64_t check_frame(std::string_view frame, const std::string& key) {
         header.frameContentSize == ZSTD_CONTENTSIZE_ERROR) {
         throw corrupt(key, "the frame does not declare its content size");
     }
-    if (header.frameContentSize > kMaxRecordBytes) {
+    if (header.frameContentSize > max_bytes) {
         throw corrupt(key, "the frame declares " + std::to_string(header.frameContentSize) +
-                               " bytes, over the record limit");
+                               " bytes, over the " + std::to_string(max_bytes) +
+                               "-byte limit of its kind of record");
     }
     return header.frameContentSize;
 }
@@ -80,22 +82,26 @@ std::string encode_record(const Record& record, int zstd_level) {
     return out;
 }
 
-uint64_t record_content_size(std::string_view frame, const std::string& key_for_errors) {
-    return check_frame(frame, key_for_errors);
+uint64_t record_content_size(std::string_view frame, const std::string& key_for_errors,
+                             uint64_t max_bytes) {
+    return check_frame(frame, key_for_errors, max_bytes);
 }
 
 namespace {
 
-// The verified content of a record frame. The buffer is left uninitialized before decompressing:
-// zero-filling a size read from a damaged header would touch every page of it for nothing.
+// The verified content of a record frame. Buffers are left uninitialized: zero-filling would
+// touch every page for nothing.
 struct Plain {
     std::unique_ptr<char[]> data;
     size_t size = 0;
     std::string_view view() const { return {data.get(), size}; }
 };
 
-Plain decompress(std::string_view frame, const std::string& key) {
-    uint64_t content_size = check_frame(frame, key);
+// Decodes in steps into a buffer that grows with the bytes the frame's blocks really produce, so a
+// header that declares gigabytes costs no more memory than its blocks make. The buffer has one
+// byte more than the declared size: a frame that fills it produces more than it declares.
+Plain decompress(std::string_view frame, const std::string& key, uint64_t max_bytes) {
+    const uint64_t content_size = check_frame(frame, key, max_bytes);
     size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
     if (ZSTD_isError(frame_size)) {
         throw corrupt(key,
@@ -105,31 +111,51 @@ Plain decompress(std::string_view frame, const std::string& key) {
         throw corrupt(
             key, std::to_string(frame.size() - frame_size) + " bytes follow the end of the frame");
     }
-    // The blocks bound what the frame can produce; a content size above it is a damaged header.
-    unsigned long long bound = ZSTD_decompressBound(frame.data(), frame.size());
-    if (bound == ZSTD_CONTENTSIZE_ERROR || content_size > bound) {
-        throw corrupt(key, "the declared content size does not fit the frame's blocks");
-    }
-    Plain out{std::unique_ptr<char[]>(new char[content_size > 0 ? content_size : 1]), content_size};
+    const uint64_t room = content_size + 1;
+    uint64_t capacity = std::min(room, kFirstOutputBytes);
+    Plain out{std::unique_ptr<char[]>(new char[capacity]), 0};
     ZSTD_DCtx* dctx = thread_dctx();
     ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);  // a failed frame may leave state behind
-    size_t n = ZSTD_decompressDCtx(dctx, out.data.get(), out.size, frame.data(), frame.size());
-    if (ZSTD_isError(n)) throw corrupt(key, std::string("zstd: ") + ZSTD_getErrorName(n));
-    if (n != content_size) {
-        throw corrupt(key, "decompressed to " + std::to_string(n) + " bytes, the frame declares " +
-                               std::to_string(content_size));
+    ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+    for (;;) {
+        ZSTD_outBuffer buffer{out.data.get(), capacity, out.size};
+        const size_t before_in = in.pos;
+        const size_t rc = ZSTD_decompressStream(dctx, &buffer, &in);
+        if (ZSTD_isError(rc)) throw corrupt(key, std::string("zstd: ") + ZSTD_getErrorName(rc));
+        const bool progressed = buffer.pos != out.size || in.pos != before_in;
+        out.size = buffer.pos;
+        if (out.size > content_size) {
+            throw corrupt(key, "decompresses to more than the " + std::to_string(content_size) +
+                                   " bytes the frame declares");
+        }
+        if (rc == 0) break;  // the frame is complete and its checksum matched
+        if (out.size == capacity) {
+            const uint64_t grown = std::min(room, 2 * capacity);
+            std::unique_ptr<char[]> bigger(new char[grown]);
+            std::memcpy(bigger.get(), out.data.get(), out.size);
+            out.data = std::move(bigger);
+            capacity = grown;
+        } else if (!progressed) {
+            throw corrupt(key, "the frame ends before its last block");
+        }
+    }
+    if (out.size != content_size) {
+        throw corrupt(key, "decompressed to " + std::to_string(out.size) +
+                               " bytes, the frame declares " + std::to_string(content_size));
     }
     return out;
 }
 
 }  // namespace
 
-std::string decompress_record(std::string_view frame, const std::string& key_for_errors) {
-    return std::string(decompress(frame, key_for_errors).view());
+std::string decompress_record(std::string_view frame, const std::string& key_for_errors,
+                              uint64_t max_bytes) {
+    return std::string(decompress(frame, key_for_errors, max_bytes).view());
 }
 
-Record decode_record(std::string_view frame, const std::string& key_for_errors) {
-    Plain plain = decompress(frame, key_for_errors);
+Record decode_record(std::string_view frame, const std::string& key_for_errors,
+                     uint64_t max_bytes) {
+    Plain plain = decompress(frame, key_for_errors, max_bytes);
     return decode_safetensors(plain.view(), "record " + key_for_errors);
 }
 

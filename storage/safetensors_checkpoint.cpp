@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "storage/atomic_file.h"
+#include "storage/json_text.h"
 #include "storage/safetensors_file.h"
 
 namespace sf::storage {
@@ -53,12 +54,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in,
     }
 
     std::string text = read_file(path);
-    json index;
-    try {
-        index = json::parse(text);
-    } catch (const json::exception& e) {
-        throw Error::Corruption(path + ": index is not valid JSON: " + e.what());
-    }
+    const json index = parse_json(text, path + ": index", ErrorCode::kCorruption);
     if (!index.is_object()) throw Error::Corruption(path + ": index is not a JSON object");
     auto weight_map = index.find("weight_map");
     if (weight_map == index.end() || !weight_map->is_object()) {
@@ -67,7 +63,9 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in,
     auto metadata = index.find("metadata");
     if (metadata != index.end() && metadata->is_object()) {
         for (const auto& [key, value] : metadata->items()) {
-            checkpoint.metadata_[key] = value.is_string() ? value.get<std::string>() : value.dump();
+            checkpoint.metadata_[key] =
+                value.is_string() ? value.get<std::string>()
+                                  : value.dump(-1, ' ', false, json::error_handler_t::replace);
         }
     }
 
@@ -75,14 +73,14 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path_in,
     std::map<std::string, size_t> shard_index;
     for (const auto& [name, file] : weight_map->items()) {
         if (!file.is_string()) {
-            throw Error::Corruption(path + ": weight_map entry of '" + name +
+            throw Error::Corruption(path + ": weight_map entry of '" + text_excerpt(name) +
                                     "' is not a file name");
         }
         std::string shard = file.get<std::string>();
         // Shards live beside the index; anything else is a damaged or hostile index.
         fs::path relative(shard);
         if (shard.empty() || relative.is_absolute() || relative.has_parent_path()) {
-            throw Error::Corruption(path + ": weight_map names '" + shard +
+            throw Error::Corruption(path + ": weight_map names '" + text_excerpt(shard) +
                                     "', which is not a file beside the index");
         }
         auto [it, added] = shard_index.emplace(shard, checkpoint.shards_.size());

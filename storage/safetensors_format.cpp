@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "storage/json_text.h"
 
 namespace sf::storage {
 namespace {
@@ -45,7 +46,7 @@ std::optional<uint64_t> checked_nbytes(const std::vector<int64_t>& shape, DType 
 TensorInfo parse_entry(const std::string& name, const json& entry, uint64_t data_size,
                        const std::string& where) {
     auto fail = [&](const std::string& what) {
-        return Error::Corruption(where + ": tensor '" + name + "' " + what);
+        return Error::Corruption(where + ": tensor '" + text_excerpt(name) + "' " + what);
     };
     if (!entry.is_object()) throw fail("is not a JSON object");
     TensorInfo info;
@@ -53,14 +54,15 @@ TensorInfo parse_entry(const std::string& name, const json& entry, uint64_t data
     auto dtype = entry.find("dtype");
     if (dtype == entry.end() || !dtype->is_string()) throw fail("has no dtype string");
     auto parsed = dtype_from_name(dtype->get_ref<const std::string&>());
-    if (!parsed) throw fail("has unknown or unsupported dtype '" + dtype->get<std::string>() + "'");
+    if (!parsed) throw fail("has unknown or unsupported dtype " + json_excerpt(*dtype));
     info.dtype = *parsed;
 
     auto shape = entry.find("shape");
     if (shape == entry.end() || !shape->is_array()) throw fail("has no shape array");
     for (const json& d : *shape) {
         auto dim = json_dim(d);
-        if (!dim) throw fail("has a shape entry that is not a non-negative integer: " + d.dump());
+        if (!dim)
+            throw fail("has a shape entry that is not a non-negative integer: " + json_excerpt(d));
         info.shape.push_back(*dim);
     }
 
@@ -100,8 +102,8 @@ void check_tiling(const std::map<std::string, TensorInfo>& tensors, uint64_t dat
     const std::string* previous = nullptr;
     for (const auto& [name, info] : sorted) {
         if (info->begin < pos) {
-            throw Error::Corruption(where + ": tensor '" + *name + "' overlaps tensor '" +
-                                    *previous + "'");
+            throw Error::Corruption(where + ": tensor '" + text_excerpt(*name) +
+                                    "' overlaps tensor '" + text_excerpt(*previous) + "'");
         }
         if (info->begin > pos) {
             throw Error::Corruption(where + ": bytes " + std::to_string(pos) + " to " +
@@ -141,12 +143,7 @@ SafetensorsLayout parse_safetensors(std::string_view buffer, const std::string& 
     if (layout.header.empty() || layout.header.front() != '{') {
         throw Error::Corruption(where + ": header does not start with '{'");
     }
-    json header;
-    try {
-        header = json::parse(layout.header.begin(), layout.header.end());
-    } catch (const json::exception& e) {
-        throw Error::Corruption(where + ": header is not valid JSON: " + e.what());
-    }
+    const json header = parse_json(layout.header, where + ": header", ErrorCode::kCorruption);
     if (!header.is_object()) throw Error::Corruption(where + ": header is not a JSON object");
 
     uint64_t data_size = buffer.size() - layout.data_offset;
@@ -156,8 +153,8 @@ SafetensorsLayout parse_safetensors(std::string_view buffer, const std::string& 
                 throw Error::Corruption(where + ": __metadata__ is not an object");
             for (const auto& [key, value] : entry.items()) {
                 if (!value.is_string()) {
-                    throw Error::Corruption(where + ": __metadata__ value of '" + key +
-                                            "' is not a string");
+                    throw Error::Corruption(where + ": __metadata__ value of '" +
+                                            text_excerpt(key) + "' is not a string");
                 }
                 layout.metadata[key] = value.get<std::string>();
             }
@@ -217,6 +214,12 @@ SafetensorsPlan plan_safetensors(const std::map<std::string, TensorView>& tensor
                                      e.what());
     }
     while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+    if (text.size() > kMaxSafetensorsHeader) {
+        // The reader refuses such a header: never write what cannot be read back.
+        throw Error::InvalidArgument("safetensors header of " + std::to_string(text.size()) +
+                                     " bytes is over the limit of " +
+                                     std::to_string(kMaxSafetensorsHeader));
+    }
     uint64_t length = text.size();
     plan.header.resize(8);
     std::memcpy(plan.header.data(), &length, 8);

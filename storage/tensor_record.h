@@ -75,20 +75,29 @@ Record decode_safetensors(std::string_view buffer, const std::string& where = "s
 // --- The cache's record form (record_codec.cpp) -------------------------------------------------
 
 constexpr int kDefaultZstdLevel = 3;
+// The most bytes a record frame may declare unless its reader says less (the cache's readers use
+// schema::max_record_bytes of the record's database): a damaged or hostile frame header must not
+// turn into a huge allocation.
+constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 30;
 
 // encode_safetensors(record) as one zstd frame with content size and content checksum.
 std::string encode_record(const Record& record, int zstd_level = kDefaultZstdLevel);
 
-// Verifies the frame (it must declare its content size and checksum, the checksum must match, no
-// bytes may follow it) and decodes the safetensors inside. Any failure is kCorruption naming
-// `key_for_errors`.
-Record decode_record(std::string_view frame, const std::string& key_for_errors);
+// Verifies the frame (it must declare its content size, at most `max_bytes`, and a checksum, the
+// checksum must match, no bytes may follow it) and decodes the safetensors inside. Memory grows
+// with the bytes the frame really produces, never with what its header claims. Any failure is
+// kCorruption naming `key_for_errors`.
+Record decode_record(std::string_view frame, const std::string& key_for_errors,
+                     uint64_t max_bytes = kMaxRecordBytes);
 
 // The verified safetensors bytes of a record frame, without parsing them.
-std::string decompress_record(std::string_view frame, const std::string& key_for_errors);
+std::string decompress_record(std::string_view frame, const std::string& key_for_errors,
+                              uint64_t max_bytes = kMaxRecordBytes);
 
 // The uncompressed size a record frame declares, read from its header alone (no decompression,
-// so not verified). kCorruption when the bytes do not start a record frame.
-uint64_t record_content_size(std::string_view frame, const std::string& key_for_errors);
+// so not verified). kCorruption when the bytes do not start a record frame or declare more than
+// `max_bytes`.
+uint64_t record_content_size(std::string_view frame, const std::string& key_for_errors,
+                             uint64_t max_bytes = kMaxRecordBytes);
 
 }  // namespace sf::storage

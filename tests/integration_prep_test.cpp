@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "integration_util.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "pipelines/inspect.h"
@@ -271,6 +272,43 @@ TEST(PrepIntegration, SameInputGivesTheSameCacheBytes) {
 }
 
 // The program: help, bad flags and missing paths give one clear line and a non-zero exit.
+TEST(PrepIntegration, ANonUtf8NameIsARejectAndAnEmptyDatasetLeavesTheManifest) {
+    TempDir tmp("sf_prep_names");
+    write_dataset(tmp.path() / "data", 0, 3);
+    write_image(tmp.path() / "data", 3, "caption");
+    std::filesystem::rename(tmp.path() / "data" / "img_3.png",
+                            tmp.path() / "data" / "caf\xE9.png");  // Latin-1
+    std::filesystem::rename(tmp.path() / "data" / "img_3.txt", tmp.path() / "data" / "caf\xE9.txt");
+    const PrepOptions o = options_for(tmp);
+    const auto report = run_prep(o);
+    EXPECT_EQ(report.written, 3);
+    EXPECT_EQ(report.rejected, 1);
+    const auto rejects = sf::storage::Cache::open(o.cache_dir).rejects();
+    ASSERT_EQ(rejects.size(), 1u);
+    EXPECT_EQ(rejects[0].source, tmp.file("data") + "/caf\\xE9.png");
+    EXPECT_EQ(rejects[0].reason, "file name is not valid UTF-8 (bytes shown as \\xNN)");
+    const std::string manifest =
+        *sf::storage::CacheReader(sf::storage::Cache::open(o.cache_dir), "manifest")
+             .get_raw("samples");
+
+    // An empty folder over a good cache: refused, the training list kept.
+    std::filesystem::create_directories(tmp.path() / "empty");
+    PrepOptions empty = o;
+    empty.instance_data_dir = tmp.file("empty");
+    sf::test::expect_error([&] { run_prep(empty); }, sf::ErrorCode::kInvalidArgument,
+                           "prep: no usable sample in " + tmp.file("empty") +
+                               " (0 found, 0 rejected; no image files found)");
+    EXPECT_EQ(*sf::storage::CacheReader(sf::storage::Cache::open(o.cache_dir), "manifest")
+                   .get_raw("samples"),
+              manifest);
+    // And through the program: non-zero, saying why.
+    const auto cli =
+        sf::test::run_command(kSanaflow + " prep --instance_data_dir " + tmp.file("empty") +
+                              " --cache_dir " + o.cache_dir + " --resolution 512 --min_side 128");
+    EXPECT_EQ(cli.exit_code, 2) << cli.output;
+    EXPECT_NE(cli.output.find("no usable sample"), std::string::npos) << cli.output;
+}
+
 TEST(Cli, HelpAndErrors) {
     auto help = sf::test::run_command(kSanaflow + " --help");
     EXPECT_EQ(help.exit_code, 0);
@@ -302,6 +340,40 @@ TEST(Cli, HelpAndErrors) {
 
     auto no_command = sf::test::run_command(kSanaflow);
     EXPECT_NE(no_command.exit_code, 0);
+
+    // Refused before the cache is touched, in the program's words, not LibTorch's.
+    TempDir tmp("sf_cli_refusals");
+    write_dataset(tmp.path() / "data", 0, 1);
+    const std::string prep = kSanaflow + " prep --instance_data_dir " + tmp.file("data") +
+                             " --resolution 512 --min_side 128 --cache_dir ";
+    auto bad_device = sf::test::run_command(prep + tmp.file("c1") + " --device cuda:x");
+    EXPECT_EQ(bad_device.exit_code, 2) << bad_device.output;
+    EXPECT_NE(bad_device.output.find("--device"), std::string::npos) << bad_device.output;
+    EXPECT_FALSE(std::filesystem::exists(tmp.path() / "c1"));
+    if (!sf::mem::cuda_available()) {
+        auto no_cuda = sf::test::run_command(prep + tmp.file("c2") + " --device cuda");
+        EXPECT_EQ(no_cuda.exit_code, 2) << no_cuda.output;
+        EXPECT_FALSE(std::filesystem::exists(tmp.path() / "c2"));
+    }
+    // fp16 on the CPU: LibTorch 1.13 has no float16 CPU convolution, 2.x has one. Either it
+    // runs, or it is refused naming the flag; never a LibTorch error from inside a model.
+    auto fp16 =
+        sf::test::run_command(prep + tmp.file("c3") + " --device cpu --mixed_precision fp16");
+    if (fp16.exit_code != 0) {
+        EXPECT_EQ(fp16.exit_code, 2) << fp16.output;
+        EXPECT_NE(fp16.output.find("--mixed_precision fp16: this LibTorch has no"),
+                  std::string::npos)
+            << fp16.output;
+        EXPECT_FALSE(std::filesystem::exists(tmp.path() / "c3"));
+    }
+    // A file as the output directory.
+    sf::test::write_file(tmp.path() / "file", "x");
+    auto file_out = sf::test::run_command(kSanaflow + " train --cache_dir " + tmp.file("c3") +
+                                          " --output_dir " + tmp.file("file"));
+    EXPECT_EQ(file_out.exit_code, 2) << file_out.output;
+    EXPECT_NE(file_out.output.find("--output_dir " + tmp.file("file") + " is a file"),
+              std::string::npos)
+        << file_out.output;
 }
 
 TEST(Cli, PrepThenInspectVerifyThroughTheProgram) {

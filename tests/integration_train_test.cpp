@@ -19,7 +19,9 @@
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
 #include "stages/train/train_data.h"
+#include "stages/train/train_state.h"
 #include "storage/cache.h"
+#include "storage/fault_injection.h"
 #include "storage/safetensors_file.h"
 #include "test_util.h"
 
@@ -240,6 +242,90 @@ TEST(TrainCli, HelpAndBadFlags) {
         kSanaflow + " train --cache_dir /nonexistent/cache --output_dir /tmp/sf_unused");
     EXPECT_NE(no_cache.exit_code, 0);
     EXPECT_NE(no_cache.output.find("/nonexistent/cache"), std::string::npos) << no_cache.output;
+}
+
+TEST(TrainCli, NonFiniteAndOutOfRangeNumbersAreRefusedNamingTheFlag) {
+    const std::string base =
+        kSanaflow + " train --cache_dir " + shared_cache() + " --output_dir /tmp/sf_unused_nan";
+    for (const std::string flag :
+         {"--learning_rate nan", "--learning_rate inf", "--adam_weight_decay nan",
+          "--flow_shift nan", "--max_grad_norm nan", "--caption_dropout nan", "--lora_alpha nan",
+          "--learning_rate -1", "--flow_shift 0", "--caption_dropout 1"}) {
+        const auto r = sf::test::run_command(base + " " + flag);
+        EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.output;
+        const std::string name = flag.substr(0, flag.find(' '));
+        EXPECT_NE(r.output.find(name + " must be a finite number"), std::string::npos)
+            << flag << ": " << r.output;
+    }
+    for (const std::string flag : {"--max_train_steps 99999999999999999999", "--seed -1",
+                                   "--max_train_steps 1.5", "--rank -2"}) {
+        const auto r = sf::test::run_command(base + " " + flag);
+        EXPECT_NE(r.exit_code, 0) << flag << ": " << r.output;
+        EXPECT_NE(r.output.find(flag.substr(0, flag.find(' '))), std::string::npos)
+            << flag << ": " << r.output;
+        EXPECT_EQ(r.output.find("9223372036854775807"), std::string::npos) << r.output;
+    }
+    EXPECT_FALSE(fs::exists("/tmp/sf_unused_nan/transformer"));
+}
+
+TEST(TrainIntegration, ADivergingRunStopsNamingTheStepAndKeepsItsLastCheckpoint) {
+    TempDir out("sf_train_nan");
+    TrainOptions o = train_options(out.path().string());
+    o.learning_rate = 1e30;  // finite, and far past what any weight survives
+    o.max_grad_norm = 0;
+    o.checkpointing_steps = 1;
+    try {
+        sf::pipelines::run_train(o);
+        FAIL() << "a run whose loss became non-finite finished";
+    } catch (const sf::Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("non-finite at step 2"), std::string::npos) << m;
+        EXPECT_NE(m.find("the last good checkpoint is " + out.file("checkpoint-")),
+                  std::string::npos)
+            << m;
+    }
+    EXPECT_FALSE(fs::exists(out.path() / "transformer"));
+    // Every checkpoint kept holds finite weights.
+    for (const auto& entry : fs::directory_iterator(out.path())) {
+        if (entry.path().filename().string().rfind("checkpoint-", 0) != 0) continue;
+        for (const auto& [name, t] : sf::train::load_checkpoint(entry.path().string()).trainable) {
+            EXPECT_TRUE(t.isfinite().all().item<bool>()) << entry.path() << " " << name;
+        }
+    }
+}
+
+TEST(TrainIntegration, AFullDiskAtTheFinalWeightsLosesNoTraining) {
+    namespace faults = sf::storage::faults;
+    TempDir out("sf_train_final"), whole("sf_train_whole");
+    TrainOptions o = train_options(out.path().string());
+    o.max_train_steps = 6;
+    {
+        faults::ScopedFault full(
+            faults::Fault{faults::Op::kWrite, ENOSPC, "diffusion_pytorch_model.safetensors"});
+        try {
+            sf::pipelines::run_train(o);
+            FAIL() << "the final weights write did not fail";
+        } catch (const sf::Error& e) {
+            const std::string m = e.what();
+            EXPECT_NE(m.find("disk full"), std::string::npos) << m;
+            EXPECT_NE(m.find("the trained state is safe in " + out.file("checkpoint-6")),
+                      std::string::npos)
+                << m;
+            EXPECT_NE(m.find("--resume_from_checkpoint latest"), std::string::npos) << m;
+        }
+    }
+    EXPECT_FALSE(fs::exists(out.path() / "transformer" / "config.json"));
+    // As the message says: rerun with --resume_from_checkpoint latest.
+    o.resume_from_checkpoint = "latest";
+    const auto resumed = sf::pipelines::run_train(o);
+    EXPECT_EQ(resumed.first_step, 6);
+    EXPECT_FALSE(fs::exists(out.path() / "checkpoint-6"));  // not asked for: gone once safe
+    TrainOptions w = train_options(whole.path().string());
+    w.max_train_steps = 6;
+    sf::pipelines::run_train(w);
+    const std::string weights = "transformer/diffusion_pytorch_model.safetensors";
+    EXPECT_EQ(sf::test::read_file(out.path() / weights),
+              sf::test::read_file(whole.path() / weights));
 }
 
 TEST(TrainIntegration, ATrainingSetReadsSeveralCacheShards) {

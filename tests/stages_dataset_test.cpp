@@ -2,11 +2,13 @@
 // reasons that name the file and line. The "images" here are never decoded, so any bytes do.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "stages/image/dataset.h"
+#include "storage/cache_schema.h"
 #include "tests/stages_test_util.h"
 
 namespace sf::stages {
@@ -151,7 +153,7 @@ TEST(Dataset, ManifestLinesAndRejectsNamingFileAndLine) {
     };
     expect_reject(0, 3, "duplicate of line 2: " + dir.file("imgs/one.png"));
     expect_reject(1, 4, "file not found: " + dir.file("imgs/three.png"));
-    expect_reject(2, 5, "invalid JSON: ");
+    expect_reject(2, 5, "metadata line: not valid JSON: ");
     expect_reject(3, 9, "no \"caption\" string");
     expect_reject(4, 10, "line is not a JSON object");
     expect_reject(5, 11, "no \"file\" string");
@@ -212,6 +214,42 @@ TEST(Dataset, CaptionBytes) {
     EXPECT_FALSE(caption_from_bytes("abc\xE6\x97", &caption));       // cut multi-byte
     EXPECT_TRUE(caption_from_bytes("🐱", &caption));
     EXPECT_EQ(caption, "🐱");
+}
+
+// Names and captions the cache cannot hold are rejected samples, and the scan goes on.
+TEST(Dataset, NonUtf8NamesAndOverlongCaptionsAreRejects) {
+    test::TempDir dir;
+    write_file(dir.path() / "good.png", "img");
+    write_file(dir.path() / "good.txt", "fine");
+    write_file(dir.path() / "caf\xE9.png", "img");  // Latin-1, not UTF-8
+    write_file(dir.path() / "caf\xE9.txt", "a cafe");
+    write_file(dir.path() / "long.png", "img");
+    write_file(dir.path() / "long.txt", std::string(storage::schema::kMaxCaptionBytes + 1, 'w'));
+    DatasetConfig c;
+    c.instance_data_dir = dir.path().string();
+    const DatasetScan scan = scan_dataset(c);
+    EXPECT_EQ(paths_of(scan), std::vector<std::string>{dir.file("good.png")});
+    ASSERT_EQ(scan.rejects.size(), 2u);
+    std::map<std::string, std::string> reasons(scan.rejects.begin(), scan.rejects.end());
+    EXPECT_EQ(reasons[dir.file("caf\\xE9.png")],
+              "file name is not valid UTF-8 (bytes shown as \\xNN)");
+    EXPECT_EQ(
+        reasons[dir.file("long.png")].rfind("caption of 65537 bytes is over the limit of 65536", 0),
+        0u);
+    // The same limit for manifest captions and the instance prompt.
+    write_file(dir.path() / "metadata.jsonl",
+               "{\"file\": \"good.png\", \"caption\": \"" + std::string(70000, 'm') + "\"}\n" +
+                   "{\"file\": \"long.png\", \"caption\": " + std::string(100000, '[') + "}\n");
+    const DatasetScan manifest = scan_dataset(c);
+    EXPECT_TRUE(manifest.samples.empty());
+    ASSERT_EQ(manifest.rejects.size(), 2u);
+    EXPECT_EQ(manifest.rejects[0].first, dir.file("metadata.jsonl") + ":2");
+    EXPECT_EQ(manifest.rejects[0].second, "metadata line: JSON nested deeper than 64 levels");
+    EXPECT_EQ(manifest.rejects[1].first, dir.file("good.png"));
+    EXPECT_NE(manifest.rejects[1].second.find("over the limit"), std::string::npos);
+    c.instance_prompt = std::string(70000, 'p');
+    test::expect_error([&] { scan_dataset(c); }, ErrorCode::kInvalidArgument,
+                       "instance_prompt: caption of 70000 bytes");
 }
 
 }  // namespace

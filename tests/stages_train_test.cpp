@@ -17,6 +17,7 @@
 #include "stages/train/train_data.h"
 #include "stages/train/train_state.h"
 #include "stages/train/train_step.h"
+#include "storage/fault_injection.h"
 #include "test_util.h"
 
 namespace {
@@ -254,6 +255,87 @@ TEST(TrainState, CheckpointsRoundTripAndKeepTheNewest) {
     EXPECT_EQ(r.optimizer.at("w.step").item<int64_t>(), 3);
     EXPECT_TRUE(torch::equal(r.rng.at("default"), s.rng.at("default")));
     EXPECT_EQ(r.settings, s.settings);
+}
+
+TEST(TrainState, LatestSkipsDamagedCheckpointsAndEveryFieldIsChecked) {
+    namespace fs = std::filesystem;
+    sf::test::TempDir tmp("sf_train_state");
+    sf::train::TrainState s;
+    s.trainable = {{"w", torch::arange(6, torch::kFloat)}};
+    s.rng = {{"default", at::detail::getDefaultCPUGenerator().get_state()}};
+    const std::string out = tmp.file("out");
+    s.step = 2;
+    const std::string two = sf::train::save_checkpoint(out, s, 0);
+    s.step = 4;
+    const std::string four = sf::train::save_checkpoint(out, s, 0);
+    EXPECT_EQ(sf::train::latest_checkpoint(out), four);
+    // Names that are no step are not checkpoints, even when they overflow.
+    fs::create_directories(out + "/checkpoint-99999999999999999999");
+    fs::create_directories(out + "/checkpoint--5");
+    EXPECT_EQ(sf::train::latest_checkpoint(out), four);
+
+    // A flipped byte in the newest: the previous one is chosen.
+    std::string bytes = sf::test::read_file(four + "/trainable.safetensors");
+    bytes[bytes.size() - 1] ^= 1;
+    sf::test::write_file(four + "/trainable.safetensors", bytes);
+    sf::test::expect_error([&] { sf::train::verify_checkpoint(four); }, sf::ErrorCode::kCorruption,
+                           four + "/trainable.safetensors: ");
+    EXPECT_EQ(sf::train::latest_checkpoint(out), two);
+    // A newer one without its manifest (a crash mid-save, from an older version without files).
+    fs::create_directories(out + "/checkpoint-6");
+    EXPECT_EQ(sf::train::latest_checkpoint(out), two);
+
+    // Every field of state.json, named.
+    const std::string state = two + "/state.json";
+    const std::string good = sf::test::read_file(state);
+    auto with = [&](const std::string& from, const std::string& to) {
+        std::string text = good;
+        const size_t at = text.find(from);
+        EXPECT_NE(at, std::string::npos) << from;
+        text.replace(at, from.size(), to);
+        sf::test::write_file(state, text);
+        fs::remove(two + "/manifest.json");  // checked as a checkpoint of an earlier version
+        return text;
+    };
+    with("\"step\": 2", "\"step\": -5");
+    sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
+                           state + ": \"step\" must be an integer >= 0, got -5");
+    with("\"step\": 2", "\"step\": 99999999999999999999");
+    sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
+                           "\"step\" must be an integer >= 0");
+    with("\"epoch\": 0", "\"epoch\": \"x\"");
+    sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
+                           state + ": sampler: \"epoch\" must be an integer");
+    with("\"version\": 1", "\"version\": " + std::string(100000, '['));
+    sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
+                           "nested deeper than 64");
+    // No checkpoint verifies: refused rather than silently starting from step 0.
+    sf::test::expect_error([&] { sf::train::latest_checkpoint(out); }, sf::ErrorCode::kCorruption,
+                           "no intact checkpoint in " + out + " (3 damaged");
+}
+
+TEST(TrainState, ACheckpointWriteThatFailsLeavesThePreviousOneChosen) {
+    namespace faults = sf::storage::faults;
+    sf::test::TempDir tmp("sf_train_state_fault");
+    sf::train::TrainState s;
+    s.trainable = {{"w", torch::arange(6, torch::kFloat)}};
+    const std::string out = tmp.file("out");
+    s.step = 2;
+    const std::string two = sf::train::save_checkpoint(out, s, 1);
+    s.step = 4;
+    // Each file of the checkpoint, at each step of its writing.
+    for (const char* file : {"trainable", "optimizer", "state.json", "manifest.json"}) {
+        for (faults::Op op : {faults::Op::kWrite, faults::Op::kFsync, faults::Op::kRename}) {
+            faults::ScopedFault fault(faults::Fault{op, ENOSPC, file});
+            EXPECT_THROW(sf::train::save_checkpoint(out, s, 1), sf::Error) << file;
+            EXPECT_EQ(faults::fired(), 1) << file;
+            EXPECT_EQ(sf::train::latest_checkpoint(out), two) << file;
+            EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-4")) << file;
+        }
+    }
+    // Room again: the next save is whole, and only then is the older one removed.
+    EXPECT_EQ(sf::train::save_checkpoint(out, s, 1), out + "/checkpoint-4");
+    EXPECT_FALSE(std::filesystem::exists(two));  // --checkpoints_total_limit 1, once 4 is whole
 }
 
 TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {

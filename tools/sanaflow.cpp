@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -27,6 +29,29 @@ namespace fs = std::filesystem;
 using sf::pipelines::PrepOptions;
 using sf::pipelines::TrainOptions;
 
+constexpr int64_t kMaxSteps = 1'000'000'000'000;  // a trillion steps: no run gets near it
+constexpr int64_t kMaxSeed = INT64_MAX;
+
+// An integer flag's text checked before CLI11 converts it: CLI11 turns an integer that
+// overflows into the largest one, and an unsigned flag takes -1 as 2^64 - 1.
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+    const std::string range =
+        hi == INT64_MAX ? fmt::format(">= {}", lo) : fmt::format("in [{}, {}]", lo, hi);
+    return CLI::Validator(
+        [lo, hi, range](std::string& text) -> std::string {
+            int64_t value = 0;
+            const char* end = text.data() + text.size();
+            const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+            const std::string shown = text.size() > 40 ? text.substr(0, 40) + "..." : text;
+            if (ec == std::errc() && ptr == end && value >= lo && value <= hi) return "";
+            if (ec == std::errc::invalid_argument || (ec == std::errc() && ptr != end)) {
+                return fmt::format("{} is not an integer", shown);
+            }
+            return fmt::format("{} is not {}", shown, range);
+        },
+        "INT " + range);
+}
+
 void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                      int64_t& checkpointing_every) {
     cmd->add_option("--cache_dir", o.cache_dir, "a cache made by sanaflow prep")->required();
@@ -37,7 +62,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                     "a transformer config.json to train from scratch with seeded weights");
     cmd->add_option("--model", o.model, "built-in transformer when no weights are given")
         ->capture_default_str();
-    cmd->add_option("--seed", o.seed, "seed of weights, data order, noise")->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of weights, data order, noise")
+        ->check(integer_in(0, kMaxSeed))
+        ->capture_default_str();
     cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     cmd->add_option("--mixed_precision", o.mixed_precision,
                     "autocast dtype: no, bf16 or fp16 (with loss scaling)")
@@ -48,7 +75,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                   "recompute transformer blocks in backward");
     cmd->add_option("--gradient_checkpointing_every", checkpointing_every,
                     "with --gradient_checkpointing: recompute every k-th block")
-        ->check(CLI::PositiveNumber)
+        ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--attention", o.attention,
                     "cross-attention: dense, chunked (exact, memory linear in tokens) or fused "
@@ -59,17 +86,22 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                   "update each weight as soon as its gradient is complete and free the gradient");
     cmd->add_option("--train_batch_size", o.train_batch_size,
                     "samples per micro-batch (one bucket)")
+        ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
                     "micro-batches per optimizer step")
+        ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--max_train_steps", o.max_train_steps, "optimizer steps")
+        ->check(integer_in(1, kMaxSteps))
         ->capture_default_str();
     cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
     cmd->add_option("--lr_scheduler", o.lr_scheduler,
                     "constant, constant_with_warmup, linear or cosine")
         ->capture_default_str();
-    cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)->capture_default_str();
+    cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
     cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")
         ->capture_default_str();
     cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
@@ -81,7 +113,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
     cmd->add_option("--weighting_scheme", o.weighting_scheme,
                     "timestep density: logit_normal or uniform")
         ->capture_default_str();
-    cmd->add_option("--rank", o.rank, "LoRA rank; 0 trains every weight")->capture_default_str();
+    cmd->add_option("--rank", o.rank, "LoRA rank; 0 trains every weight")
+        ->check(integer_in(0, 65536))
+        ->capture_default_str();
     cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")
         ->capture_default_str();
     cmd->add_option("--lora_target_modules", o.lora_target_modules,
@@ -89,13 +123,19 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
         ->capture_default_str();
     cmd->add_option("--checkpointing_steps", o.checkpointing_steps,
                     "save a resumable checkpoint every N steps (0: never)")
+        ->check(integer_in(0, kMaxSteps))
         ->capture_default_str();
     cmd->add_option("--checkpoints_total_limit", o.checkpoints_total_limit,
                     "keep the newest N checkpoints (0: all)")
+        ->check(integer_in(0, 1'000'000'000))
         ->capture_default_str();
     cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint,
                     "latest, or a checkpoint directory");
+    cmd->add_flag("--allow_new_data", o.allow_new_data,
+                  "resume on another cache than the checkpoint's (other samples, resolution or "
+                  "encoder weights)");
     cmd->add_option("--log_every", o.log_every, "log the loss every N steps")
+        ->check(integer_in(1, kMaxSteps))
         ->capture_default_str();
 }
 
@@ -136,14 +176,14 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->capture_default_str();
     cmd->add_option("--min_side", o.min_side,
                     "reject images with a smaller side (0: resolution / 4)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(integer_in(0, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--dataloader_num_workers", o.workers, "parallel decode workers")
-        ->check(CLI::Range(1, 256))
+        ->check(integer_in(1, 256))
         ->capture_default_str();
     cmd->add_option("--max_in_flight", o.max_in_flight,
                     "bound on decoded samples in memory (0: 4 x workers)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(integer_in(0, 1'000'000));
     cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
                     "diffusers-layout model directory (vae/, text_encoder/, tokenizer/)")
         ->check(CLI::ExistingDirectory);
@@ -152,6 +192,7 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->check(CLI::IsMember({"tiny"}))
         ->capture_default_str();
     cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")
+        ->check(integer_in(0, kMaxSeed))
         ->capture_default_str();
     cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     cmd->add_option("--mixed_precision", o.mixed_precision,
@@ -159,13 +200,13 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         ->check(CLI::IsMember({"no", "fp16", "bf16"}))
         ->capture_default_str();
     cmd->add_option("--vae_batch_size", o.vae_batch_size, "images per VAE forward")
-        ->check(CLI::Range(1, 4096))
+        ->check(integer_in(1, 4096))
         ->capture_default_str();
     cmd->add_option("--text_batch_size", o.text_batch_size, "captions per text-encoder forward")
-        ->check(CLI::Range(1, 4096))
+        ->check(integer_in(1, 4096))
         ->capture_default_str();
     cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
-        ->check(CLI::Range(1, 1000000))
+        ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
     cmd->add_flag("--rebuild", o.rebuild,
                   "rebuild a stage whose fingerprint differs instead of refusing");
@@ -307,7 +348,7 @@ int main(int argc, char** argv) {
     demo_cmd->add_option("--output_dir", demo_dir, "where the data and the cache go")
         ->capture_default_str();
     demo_cmd->add_option("--num_images", demo_images, "images to generate")
-        ->check(CLI::Range(1, 100000))
+        ->check(integer_in(1, 100'000))
         ->capture_default_str();
 
     try {

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ccache git clang-format python3-venv
+  build-essential cmake pkg-config ccache git clang clang-format python3-venv
   libtorch-dev libgloo-dev libopenblas0-openmp
   libtbb-dev liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
   libopencv-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg

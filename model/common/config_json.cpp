@@ -11,55 +11,12 @@
 #include <utility>
 
 #include "core/error.h"
+#include "storage/json_text.h"
 
 namespace sf::model {
 namespace {
 
 using nlohmann::json;
-
-// `text` cut to at most `limit` bytes plus "...", at a UTF-8 character boundary.
-std::string cut(std::string text, size_t limit) {
-    if (text.size() <= limit) return text;
-    size_t end = limit;
-    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-    text.resize(end);
-    return text + "...";
-}
-
-void append_string(const std::string& s, size_t limit, std::string& out) {
-    // Only what can show is escaped. The cut may split a UTF-8 character, which `replace`
-    // turns into U+FFFD instead of throwing.
-    const size_t room = limit + 1 - std::min(out.size(), limit + 1);
-    out += json(s.substr(0, room)).dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// Appends `value` as compact JSON, as dump() writes it, but stops once `out` is longer than
-// `limit`. Each level adds a character, so the recursion is at most `limit` deep whatever the
-// value's depth.
-void append_excerpt(const json& value, size_t limit, std::string& out) {
-    if (out.size() > limit) return;
-    if (value.is_array()) {
-        out += '[';
-        for (auto it = value.begin(); it != value.end() && out.size() <= limit; ++it) {
-            if (it != value.begin()) out += ',';
-            append_excerpt(*it, limit, out);
-        }
-        out += ']';
-    } else if (value.is_object()) {
-        out += '{';
-        for (auto it = value.begin(); it != value.end() && out.size() <= limit; ++it) {
-            if (it != value.begin()) out += ',';
-            append_string(it.key(), limit, out);
-            out += ':';
-            append_excerpt(it.value(), limit, out);
-        }
-        out += '}';
-    } else if (value.is_string()) {
-        append_string(value.get_ref<const std::string&>(), limit, out);
-    } else {
-        out += value.dump();  // a number, a boolean or null: short
-    }
-}
 
 bool is_int64(const json& v) {
     // Integers above 2^63 - 1 parse as unsigned, and get<int64_t>() would wrap them negative.
@@ -78,32 +35,8 @@ void require_object(const json& j, const std::string& where) {
 
 }  // namespace
 
-std::string json_excerpt(const json& value, size_t limit) {
-    std::string out;
-    append_excerpt(value, limit, out);
-    return cut(std::move(out), limit);
-}
-
 json parse_config_json(const std::string& text, const std::string& where) {
-    // Called as each array or object opens, with the number of containers around it.
-    const json::parser_callback_t depth_limit = [&where](int depth, json::parse_event_t event,
-                                                         json&) {
-        if ((event == json::parse_event_t::object_start ||
-             event == json::parse_event_t::array_start) &&
-            depth >= kMaxConfigJsonDepth) {
-            throw Error::InvalidArgument(
-                fmt::format("{}: JSON nested deeper than {} levels", where, kMaxConfigJsonDepth));
-        }
-        return true;
-    };
-    json j;
-    try {
-        j = json::parse(text, depth_limit);
-    } catch (const json::exception& e) {
-        // The parser quotes the token it stopped in, which may be a whole long string.
-        throw Error::InvalidArgument(
-            fmt::format("{}: not valid JSON: {}", where, cut(e.what(), 3 * kConfigValueExcerpt)));
-    }
+    json j = storage::parse_json(text, where);
     require_object(j, where);
     return j;
 }

@@ -14,17 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "storage/json_text.h"
+
 namespace sf::model {
 
-// Deeper JSON is refused while parsing: real configs nest 3 levels, and a hostile file of a
-// million brackets must not reach code that recurses per level (destruction, dump()).
-constexpr int kMaxConfigJsonDepth = 64;
-// The most characters of a JSON value quoted in a message: a config value may be megabytes.
-constexpr size_t kConfigValueExcerpt = 80;
-
-// `value` as JSON text, cut to about `limit` characters (then ending in "..."). Never serialises
-// more than it shows, and never splits a UTF-8 character.
-std::string json_excerpt(const nlohmann::json& value, size_t limit = kConfigValueExcerpt);
+// Nesting limit and message excerpts: storage/json_text.h's, shared by every JSON reader.
+constexpr int kMaxConfigJsonDepth = storage::kMaxJsonDepth;
+constexpr size_t kConfigValueExcerpt = storage::kJsonExcerpt;
+using storage::json_excerpt;
 
 // Parses config text that must be a JSON object. kInvalidArgument naming `where`: "not valid
 // JSON", "not a JSON object", or a nesting deeper than kMaxConfigJsonDepth.

@@ -34,6 +34,7 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "model/common/load_report.h"
+#include "storage/json_text.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 
@@ -159,7 +160,8 @@ std::vector<std::string> metadata_conflicts(const std::map<std::string, std::str
                                             const std::string& path) {
     const auto it = metadata.find(kMetadataKey);
     if (it == metadata.end()) return {};
-    const auto json = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    const auto json = storage::parse_json(
+        it->second, fmt::format("LoRA file {}: metadata \"{}\"", path, kMetadataKey));
     if (!json.is_object()) {
         throw Error::InvalidArgument(
             fmt::format("LoRA file {}: metadata \"{}\" is not a JSON object", path, kMetadataKey));

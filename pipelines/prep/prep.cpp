@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "pipelines/prep/prep_phases.h"
@@ -62,6 +63,8 @@ void validate(const PrepOptions& o) {
             "--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model +
             "'");
     }
+    // Before the cache is touched: a run refused here stores no fingerprint.
+    require_compute_dtype(resolve_device(o.device), resolve_dtype(o.mixed_precision));
 }
 
 // The fields every encoder stage's config shares, from the prep flags.
@@ -121,16 +124,20 @@ void check_fingerprints(storage::Cache& cache, const PrepStages& s, const PrepOp
 // The manifest: this dataset's samples, which training reads. Sample records of earlier versions
 // of the dataset (an edited caption, a removed image) stay in the cache, reusable, but are not
 // trained on.
-void write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& plan,
-                    const std::set<std::string>& rejected_keys) {
+// Returns the number of samples listed; with none, the manifest is left as it was (an empty or
+// wholly rejected dataset must not replace a good training list with an empty one).
+size_t write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& plan,
+                      const std::set<std::string>& rejected_keys) {
     std::vector<std::string> keys;
     for (const auto& p : plan) {
         if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key))
             keys.push_back(p.sample_key);
     }
+    if (keys.empty()) return 0;
     storage::CacheWriter manifest(cache, schema::kManifestDb, 1);
     manifest.put(schema::kManifestSamplesKey, schema::manifest_record(keys));
     manifest.flush();
+    return keys.size();
 }
 
 }  // namespace
@@ -197,7 +204,18 @@ PrepReport run_prep(const PrepOptions& o) {
     if (stages.text) run_text_phase(*stages.text, cache, index.plan, o, report);
     const std::set<std::string> rejected_keys =
         run_image_phase(stages, cache, std::move(todo), o, samples_writer, report);
-    write_manifest(cache, index.plan, rejected_keys);
+    if (write_manifest(cache, index.plan, rejected_keys) == 0) {
+        samples_writer.flush();  // the rejects, with their reasons
+        std::string why = scan.rejects.empty()
+                              ? std::string("no image files found")
+                              : fmt::format("e.g. {}: {}", scan.rejects.front().first,
+                                            scan.rejects.front().second);
+        throw Error::InvalidArgument(fmt::format(
+            "prep: no usable sample in {} ({} found, {} rejected; {}): the cache's training list "
+            "is left as it was; `sanaflow inspect {}` lists the rejects",
+            o.instance_data_dir.empty() ? o.manifest : o.instance_data_dir, report.scanned,
+            report.rejected, why, o.cache_dir));
+    }
 
     report.seconds = seconds_since(t0);
     log_info(

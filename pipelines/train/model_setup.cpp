@@ -89,21 +89,30 @@ std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOption
     return transformer;
 }
 
-std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source) {
-    return {{"model", source},
-            {"seed", std::to_string(o.seed)},
-            {"mixed_precision", o.mixed_precision},
-            {"train_batch_size", std::to_string(o.train_batch_size)},
-            {"gradient_accumulation_steps", std::to_string(o.gradient_accumulation_steps)},
-            {"learning_rate", fmt::format("{}", o.learning_rate)},
-            {"lr_scheduler", o.lr_scheduler},
-            {"lr_warmup_steps", std::to_string(o.lr_warmup_steps)},
-            {"rank", std::to_string(o.rank)},
-            {"lora_alpha", fmt::format("{}", o.lora_alpha)},
-            {"lora_target_modules", o.lora_target_modules},
-            {"caption_dropout", fmt::format("{}", o.caption_dropout)},
-            {"flow_shift", fmt::format("{}", o.flow_shift)},
-            {"weighting_scheme", o.weighting_scheme}};
+std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source,
+                                                const train::TrainingSet& set) {
+    std::map<std::string, std::string> settings = {
+        {"model", source},
+        {"seed", std::to_string(o.seed)},
+        {"mixed_precision", o.mixed_precision},
+        {"train_batch_size", std::to_string(o.train_batch_size)},
+        {"gradient_accumulation_steps", std::to_string(o.gradient_accumulation_steps)},
+        {"learning_rate", fmt::format("{}", o.learning_rate)},
+        {"lr_scheduler", o.lr_scheduler},
+        {"lr_warmup_steps", std::to_string(o.lr_warmup_steps)},
+        {"rank", std::to_string(o.rank)},
+        {"lora_alpha", fmt::format("{}", o.lora_alpha)},
+        {"lora_target_modules", o.lora_target_modules},
+        {"caption_dropout", fmt::format("{}", o.caption_dropout)},
+        {"flow_shift", fmt::format("{}", o.flow_shift)},
+        {"weighting_scheme", o.weighting_scheme},
+        {kDataSetting, set.content_hash()},
+        {kDataSizeSetting,
+         fmt::format("{} samples in {} buckets", set.samples().size(), set.buckets().size())}};
+    // A linear or cosine schedule is a curve over max_train_steps: another total changes it.
+    if (o.lr_scheduler == "linear" || o.lr_scheduler == "cosine")
+        settings["max_train_steps"] = std::to_string(o.max_train_steps);
+    return settings;
 }
 
 std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& model,

@@ -28,14 +28,48 @@ train::TrainState capture_state(const RunParts& run, const std::vector<double>& 
     return state;
 }
 
-std::vector<double> restore_state(const std::string& dir, const RunParts& run) {
-    train::TrainState state = train::load_checkpoint(dir);
-    const auto diff = storage::fingerprint_diff(state.settings, run.settings, "checkpoint");
-    if (!diff.empty()) {
-        throw Error::InvalidArgument(fmt::format(
-            "--resume_from_checkpoint {}: the checkpoint was made with other settings:\n  {}", dir,
-            fmt::join(diff, "\n  ")));
+namespace {
+
+const at::Tensor& required_rng(const train::TrainState& state, const char* name,
+                               const std::string& dir) {
+    const auto it = state.rng.find(name);
+    if (it == state.rng.end()) {
+        throw Error::Corruption(fmt::format(
+            "{}/optimizer.safetensors: no tensor rng.{} (the state of a random generator)", dir,
+            name));
     }
+    return it->second;
+}
+
+}  // namespace
+
+std::vector<double> restore_state(const std::string& dir, const RunParts& run,
+                                  bool allow_new_data) {
+    train::verify_checkpoint(dir);
+    train::TrainState state = train::load_checkpoint(dir);
+    std::map<std::string, std::string> stored = state.settings, wanted = run.settings;
+    if (allow_new_data) {
+        for (const char* key : {kDataSetting, kDataSizeSetting}) {
+            stored.erase(key);
+            wanted.erase(key);
+        }
+    }
+    const auto diff = storage::fingerprint_diff(stored, wanted, "checkpoint");
+    if (!diff.empty()) {
+        auto value = [](const std::map<std::string, std::string>& m, const char* key) {
+            const auto it = m.find(key);
+            return it == m.end() ? std::string() : it->second;
+        };
+        const bool data = value(stored, kDataSetting) != value(wanted, kDataSetting);
+        throw Error::InvalidArgument(fmt::format(
+            "--resume_from_checkpoint {}: the checkpoint was made with other settings:\n  {}{}",
+            dir, fmt::join(diff, "\n  "),
+            data ? "\n(the data differs: another cache, resolution or encoder; "
+                   "--allow_new_data resumes on it anyway)"
+                 : ""));
+    }
+    const at::Tensor& default_rng = required_rng(state, "default", dir);
+    const at::Tensor& data_rng = required_rng(state, "data", dir);
     torch::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> saved(state.trainable.begin(), state.trainable.end());
     for (const auto& [name, p] : run.trainable) {
@@ -51,8 +85,8 @@ std::vector<double> restore_state(const std::string& dir, const RunParts& run) {
     run.step.set_steps_done(state.step);
     run.sampler.seek({state.sampler_epoch, state.sampler_batch});
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
-    global.set_state(state.rng.at("default"));
-    run.data_gen.set_state(state.rng.at("data"));
+    global.set_state(default_rng);
+    run.data_gen.set_state(data_rng);
     return state.losses;
 }
 

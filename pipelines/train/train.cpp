@@ -5,7 +5,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/device_options.h"
@@ -23,9 +25,22 @@ namespace sf::pipelines {
 namespace fs = std::filesystem;
 namespace {
 
+// `value` must be finite and in [lo, hi]: a NaN passes every comparison, and trains to NaN.
+void check_number(const char* flag, double value, double lo, double hi, const char* range) {
+    if (!std::isfinite(value) || value < lo || value > hi) {
+        throw Error::InvalidArgument(
+            fmt::format("{} must be a finite number {}, got {:g}", flag, range, value));
+    }
+}
+
 void validate(const TrainOptions& o) {
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
+    std::error_code ec;
+    if (fs::exists(o.output_dir, ec) && !fs::is_directory(o.output_dir, ec)) {
+        throw Error::InvalidArgument("--output_dir " + o.output_dir +
+                                     " is a file, not a directory");
+    }
     if (o.max_train_steps < 1)
         throw Error::InvalidArgument(
             fmt::format("--max_train_steps must be >= 1, got {}", o.max_train_steps));
@@ -35,8 +50,13 @@ void validate(const TrainOptions& o) {
         throw Error::InvalidArgument("--checkpoints_total_limit must be >= 0");
     if (o.rank < 0)
         throw Error::InvalidArgument(fmt::format("--rank must be >= 0, got {}", o.rank));
-    if (o.caption_dropout < 0 || o.caption_dropout >= 1)
-        throw Error::InvalidArgument("--caption_dropout must be in [0, 1)");
+    const double inf = std::numeric_limits<double>::infinity();
+    check_number("--learning_rate", o.learning_rate, 0, inf, ">= 0");
+    check_number("--adam_weight_decay", o.adam_weight_decay, 0, inf, ">= 0");
+    check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
+    check_number("--flow_shift", o.flow_shift, std::numeric_limits<double>::min(), inf, "> 0");
+    check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
+    check_number("--caption_dropout", o.caption_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
     if (o.log_every < 1) throw Error::InvalidArgument("--log_every must be >= 1");
     if (!o.pretrained_model_name_or_path.empty() && !o.transformer_config.empty()) {
         throw Error::InvalidArgument(
@@ -75,9 +95,10 @@ std::string save_final_weights(const TrainOptions& o, model::DiffusionTransforme
     }
     const fs::path dir = fs::path(o.output_dir) / "transformer";
     fs::create_directories(dir);
-    storage::write_file_atomic((dir / "config.json").string(), transformer.config_json());
+    // Weights first: a config.json says the folder is a model, so it comes once the weights are.
     const std::string path = (dir / "diffusion_pytorch_model.safetensors").string();
     model::save_weights(transformer.module(), path);
+    storage::write_file_atomic((dir / "config.json").string(), transformer.config_json());
     return path;
 }
 
@@ -119,7 +140,7 @@ TrainReport run_train(const TrainOptions& o) {
     train::BucketSampler sampler(set.buckets(), o.train_batch_size, o.seed);
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
-    const std::map<std::string, std::string> settings = training::run_settings(o, source);
+    const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
     const training::RunParts run{trainer, sampler, gen, trainable, settings};
 
     TrainReport report;
@@ -130,7 +151,7 @@ TrainReport run_train(const TrainOptions& o) {
                 ? train::latest_checkpoint(o.output_dir)
                 : std::optional<std::string>(o.resume_from_checkpoint);
         if (dir) {
-            report.losses = training::restore_state(*dir, run);
+            report.losses = training::restore_state(*dir, run, o.allow_new_data);
             log_info("train: resumed from {} at step {}", *dir, trainer.steps_done());
         } else {
             log_info("train: no checkpoint in {}: starting from step 0", o.output_dir);
@@ -149,6 +170,17 @@ TrainReport run_train(const TrainOptions& o) {
                 return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
             },
             gen);
+        if (o.mixed_precision != "fp16" && (r.skipped || !std::isfinite(r.loss))) {
+            // fp16 loss scaling skips such steps and lowers its scale; anywhere else a
+            // non-finite loss or gradient means the run has diverged, and every later step would
+            // be skipped too. Nothing more is written: the last checkpoint stays the good state.
+            const std::optional<std::string> last = train::latest_checkpoint(o.output_dir);
+            throw Error::InvalidArgument(fmt::format(
+                "train: the {} became non-finite at step {} (loss {}): training diverged and "
+                "nothing of this step is saved ({}); lower --learning_rate",
+                std::isfinite(r.loss) ? "gradient" : "loss", r.step, r.loss,
+                last ? "the last good checkpoint is " + *last : "there is no checkpoint"));
+        }
         report.losses.push_back(r.loss);
         progress.advance(1);
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
@@ -168,7 +200,28 @@ TrainReport run_train(const TrainOptions& o) {
     }
     progress.finish();
 
-    if (writes) report.weights_path = save_final_weights(o, *transformer);
+    if (writes) {
+        // Until the final weights are in place a checkpoint of the last step exists, so a failure
+        // while writing them (a full disk) loses no training. One the run did not ask for goes
+        // once they are.
+        const bool asked =
+            o.checkpointing_steps > 0 && trainer.steps_done() % o.checkpointing_steps == 0;
+        const std::string kept =
+            asked
+                ? train::checkpoint_dir(o.output_dir, trainer.steps_done())
+                : train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
+                                         /*total_limit=*/0);
+        try {
+            report.weights_path = save_final_weights(o, *transformer);
+        } catch (const Error& e) {
+            throw Error(e.code(),
+                        fmt::format("{}\nthe final weights were not written, but the trained state "
+                                    "is safe in {}: make room and rerun the same command with "
+                                    "--resume_from_checkpoint latest to write them",
+                                    e.message(), kept));
+        }
+        if (!asked) fs::remove_all(kept);
+    }
     memlog.mark("train", "end");
     mem::release_memory("train end");
     nlohmann::json summary;

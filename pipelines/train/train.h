@@ -53,6 +53,8 @@ struct TrainOptions {
     int64_t checkpointing_steps = 500;
     int64_t checkpoints_total_limit = 0;
     std::string resume_from_checkpoint;  // "", "latest" or a checkpoint directory
+    // Resume on a cache other than the checkpoint's (other samples, resolution or encoders).
+    bool allow_new_data = false;
     int64_t log_every = 10;
 };
 

@@ -26,8 +26,13 @@ std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOption
                                                                const train::TrainingSet& set,
                                                                std::string& source);
 
-// The settings a checkpoint must share with this run for the resumed run to be the same run.
-std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source);
+// The settings a checkpoint must share with this run for the resumed run to be the same run:
+// the options that shape the run, max_train_steps where the schedule's curve depends on it, and
+// the data (kDataSetting: TrainingSet::content_hash, kDataSizeSetting: its size, for messages).
+constexpr const char* kDataSetting = "data";
+constexpr const char* kDataSizeSetting = "data_size";
+std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source,
+                                                const train::TrainingSet& set);
 
 // The resolved configuration, one "key  value" line each, printed when training starts.
 std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& model,
@@ -46,6 +51,6 @@ struct RunParts {
 train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses);
 // Restores `run` from the checkpoint in `dir` and returns the losses so far. kInvalidArgument
 // naming each setting that differs; kCorruption for a trainable tensor missing or misshaped.
-std::vector<double> restore_state(const std::string& dir, const RunParts& run);
+std::vector<double> restore_state(const std::string& dir, const RunParts& run, bool allow_new_data);
 
 }  // namespace sf::pipelines::training

@@ -1,5 +1,7 @@
 #include "stages/image/dataset.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "storage/cache_schema.h"
+#include "storage/json_text.h"
 
 namespace sf::stages {
 namespace {
@@ -65,6 +69,12 @@ bool valid_utf8(const std::string& s) {
     return true;
 }
 
+std::string caption_too_long(uintmax_t bytes) {
+    return fmt::format(
+        "caption of {} bytes is over the limit of {} (the text encoder keeps its first 300 tokens)",
+        bytes, storage::schema::kMaxCaptionBytes);
+}
+
 // Returns false when the file cannot be opened or read.
 bool read_whole_file(const fs::path& path, std::string* out) {
     std::ifstream in(path, std::ios::binary);
@@ -77,6 +87,46 @@ bool read_whole_file(const fs::path& path, std::string* out) {
 }
 
 std::string path_string(const fs::path& p) { return p.string(); }
+
+// `bytes` with every byte that is not part of valid UTF-8, and every control character, written
+// as \xNN: a file name the file system allows but a message or a JSON record cannot hold.
+std::string escaped(const std::string& bytes) {
+    std::string out;
+    size_t i = 0;
+    while (i < bytes.size()) {
+        size_t length = 1;
+        const auto c = static_cast<unsigned char>(bytes[i]);
+        if (c >= 0x80) {
+            length = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            if (i + length > bytes.size() || !valid_utf8(bytes.substr(i, length))) length = 0;
+        }
+        if (length == 0 || c < 0x20 || c == 0x7F) {
+            out += fmt::format("\\x{:02X}", c);
+            ++i;
+        } else {
+            out.append(bytes, i, length);
+            i += length;
+        }
+    }
+    return out;
+}
+
+// Moves to the rejects the samples prep could not store: a path that is not valid UTF-8 (every
+// record and message is UTF-8) and a caption longer than the cache accepts.
+void reject_unstorable(DatasetScan* scan) {
+    std::vector<Sample> kept;
+    for (Sample& sample : scan->samples) {
+        if (!valid_utf8(sample.path)) {
+            scan->rejects.emplace_back(escaped(sample.path),
+                                       "file name is not valid UTF-8 (bytes shown as \\xNN)");
+        } else if (sample.caption.size() > storage::schema::kMaxCaptionBytes) {
+            scan->rejects.emplace_back(sample.path, caption_too_long(sample.caption.size()));
+        } else {
+            kept.push_back(std::move(sample));
+        }
+    }
+    scan->samples = std::move(kept);
+}
 
 void scan_folder(const fs::path& dir, const DatasetConfig& config, DatasetScan* scan) {
     std::set<std::string> extensions;
@@ -127,6 +177,12 @@ void scan_folder(const fs::path& dir, const DatasetConfig& config, DatasetScan* 
         std::error_code exists_ec;
         if (!fs::is_regular_file(caption_path, exists_ec)) {
             scan->rejects.emplace_back(path_string(image), "no caption file " + caption_name);
+            continue;
+        }
+        // Not read at all when too long: a caption file may be any size.
+        const uintmax_t size = fs::file_size(caption_path, exists_ec);
+        if (!exists_ec && size > storage::schema::kMaxCaptionBytes + 3 /* a BOM */) {
+            scan->rejects.emplace_back(path_string(image), caption_too_long(size));
             continue;
         }
         if (!read_whole_file(caption_path, &bytes)) {
@@ -180,9 +236,9 @@ void scan_manifest(const fs::path& manifest, const DatasetConfig& config, Datase
         const std::string source = path_string(manifest) + ":" + std::to_string(line_number);
         nlohmann::json object;
         try {
-            object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error& e) {
-            scan->rejects.emplace_back(source, std::string("invalid JSON: ") + e.what());
+            object = storage::parse_json(line, "metadata line");
+        } catch (const Error& e) {
+            scan->rejects.emplace_back(source, e.message());
             continue;
         }
         if (!object.is_object()) {
@@ -242,6 +298,10 @@ DatasetScan scan_dataset(const DatasetConfig& config) {
     if (config.instance_data_dir.empty() && config.manifest.empty()) {
         throw Error::InvalidArgument("dataset: set instance_data_dir or manifest");
     }
+    if (config.instance_prompt.size() > storage::schema::kMaxCaptionBytes) {
+        throw Error::InvalidArgument("instance_prompt: " +
+                                     caption_too_long(config.instance_prompt.size()));
+    }
     DatasetScan scan;
     std::error_code ec;
     fs::path manifest(config.manifest);
@@ -260,11 +320,13 @@ DatasetScan scan_dataset(const DatasetConfig& config) {
         }
         if (manifest.empty()) {
             scan_folder(dir, config, &scan);
+            reject_unstorable(&scan);
             return scan;
         }
     }
     scan.manifest_used = path_string(manifest);
     scan_manifest(manifest, config, &scan);
+    reject_unstorable(&scan);
     return scan;
 }
 

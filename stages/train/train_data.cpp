@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "storage/cache_reader.h"
 #include "storage/tensor_convert.h"
+#include "storage/xxh3.h"
 
 namespace sf::train {
 namespace {
@@ -33,6 +34,16 @@ void seeded_shuffle(std::vector<T>& v, std::mt19937_64& rng) {
 
 TrainingSet TrainingSet::open(const storage::Cache& cache) {
     return open(std::vector<storage::Cache>{cache});
+}
+
+std::string TrainingSet::content_hash() const {
+    storage::XXH3Hasher hasher;
+    for (const TrainingSample& s : samples_) {
+        for (const std::string* key : {&s.sample_key, &s.latent_key, &s.text_key}) {
+            hasher.update_u64(key->size()).update(*key);
+        }
+    }
+    return hasher.hex();
 }
 
 TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {

@@ -52,6 +52,10 @@ public:
     const std::map<Bucket, std::vector<int64_t>>& buckets() const { return buckets_; }
     int64_t latent_channels() const { return latent_channels_; }
     int64_t text_hidden() const { return text_hidden_; }
+    // XXH3-128 of every sample's keys, in order. The keys are content keys of the source bytes
+    // and every encoder setting, so two sets hash alike only when they hold the same samples
+    // encoded the same way (same resolution, same encoder weights).
+    std::string content_hash() const;
     // The empty prompt's features [n, hidden], or undefined when prep did not store them.
     const at::Tensor& empty_prompt() const { return empty_prompt_; }
 

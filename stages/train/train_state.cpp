@@ -5,14 +5,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "stages/train/state_json.h"
 #include "storage/atomic_file.h"
+#include "storage/json_text.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
+#include "storage/xxh3.h"
 
 namespace sf::train {
 namespace fs = std::filesystem;
@@ -20,7 +26,6 @@ namespace {
 
 constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kStateFile = "state.json";
-constexpr int kStateVersion = 1;  // frozen: a layout change that old readers cannot read bumps it
 
 std::map<std::string, at::Tensor> read_tensors(const std::string& path) {
     const auto file = storage::SafetensorsFile::open(path);
@@ -29,16 +34,23 @@ std::map<std::string, at::Tensor> read_tensors(const std::string& path) {
     return out;
 }
 
+constexpr const char* kManifestFile = "manifest.json";  // written last: the checkpoint is whole
+constexpr const char* kFiles[] = {"trainable.safetensors", "optimizer.safetensors", kStateFile};
+
+// The step a checkpoint-<step> name says, or nullopt for any other name (digits that overflow
+// included).
 std::optional<int64_t> step_of(const fs::path& dir) {
     const std::string name = dir.filename().string();
     if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
     const std::string digits = name.substr(std::char_traits<char>::length(kPrefix));
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    int64_t step = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || step < 0)
         return std::nullopt;
-    if (!fs::exists(dir / kStateFile)) return std::nullopt;  // not complete
-    return std::stoll(digits);
+    return step;
 }
 
+// Every directory named checkpoint-<step> under `output_dir`, oldest first, complete or not.
 std::vector<std::pair<int64_t, fs::path>> checkpoints(const std::string& output_dir) {
     std::vector<std::pair<int64_t, fs::path>> out;
     std::error_code ec;
@@ -51,12 +63,78 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints(const std::string& output_
     return out;
 }
 
+// XXH3-128 of a file, read in blocks: checkpoint files may be many gigabytes.
+std::string file_checksum(const fs::path& path, uint64_t* bytes) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error::NotFound(fmt::format("{}: missing", path.string()));
+    storage::XXH3Hasher hasher;
+    std::vector<char> block(1 << 20);
+    *bytes = 0;
+    while (in.read(block.data(), static_cast<std::streamsize>(block.size())) || in.gcount() > 0) {
+        hasher.update({block.data(), static_cast<size_t>(in.gcount())});
+        *bytes += static_cast<uint64_t>(in.gcount());
+    }
+    if (in.bad()) throw Error::IOError(fmt::format("{}: cannot read", path.string()));
+    return hasher.hex();
+}
+
+Error corrupt(const std::string& where, const std::string& what) {
+    return Error::Corruption(fmt::format("{}: {}", where, what));
+}
+
+TrainState read_state(const std::string& path) {
+    const StateFields f = parse_state_json(storage::read_file(path), path);
+    TrainState s;
+    s.step = f.step;
+    s.sampler_epoch = f.sampler_epoch;
+    s.sampler_batch = f.sampler_batch;
+    s.scaler = f.scaler;
+    s.settings = f.settings;
+    s.losses = f.losses;
+    return s;
+}
+
+// Checks every file a checkpoint's manifest lists against its size and checksum, and state.json's
+// fields; a checkpoint of an earlier version without a manifest is checked by opening its files
+// (the safetensors checksums). kCorruption / kNotFound naming the file.
+void verify(const fs::path& dir) {
+    const fs::path manifest_path = dir / kManifestFile;
+    if (!fs::exists(manifest_path)) {
+        if (!fs::exists(dir / kStateFile)) {
+            throw Error::NotFound(
+                fmt::format("{}: no {} (an incomplete checkpoint)", dir.string(), kManifestFile));
+        }
+        for (const char* name : {"trainable.safetensors", "optimizer.safetensors"})
+            storage::SafetensorsFile::open((dir / name).string());
+    } else {
+        const std::string where = manifest_path.string();
+        const auto files = parse_manifest_json(storage::read_file(where), where);
+        for (const char* name : kFiles) {
+            const auto entry = files.find(name);
+            if (entry == files.end()) throw corrupt(where, fmt::format("lists no {}", name));
+            uint64_t bytes = 0;
+            const std::string got = file_checksum(dir / name, &bytes);
+            if (bytes != entry->second.bytes || got != entry->second.xxh3_128) {
+                throw corrupt((dir / name).string(),
+                              fmt::format("{} bytes with checksum {}, the manifest says {} bytes "
+                                          "with {}",
+                                          bytes, got, entry->second.bytes, entry->second.xxh3_128));
+            }
+        }
+    }
+    read_state((dir / kStateFile).string());
+}
+
 }  // namespace
+
+std::string checkpoint_dir(const std::string& output_dir, int64_t step) {
+    return (fs::path(output_dir) / fmt::format("{}{}", kPrefix, step)).string();
+}
 
 std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
                             int64_t total_limit) {
     fs::create_directories(output_dir);
-    const fs::path final_dir = fs::path(output_dir) / fmt::format("{}{}", kPrefix, state.step);
+    const fs::path final_dir = checkpoint_dir(output_dir, state.step);
     const fs::path temp_dir =
         fs::path(output_dir) / fmt::format(".{}{}.tmp-{}", kPrefix, state.step, ::getpid());
     // Leftovers of runs that crashed while saving.
@@ -74,14 +152,16 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     storage::write_tensors_file((temp_dir / "optimizer.safetensors").string(), extra,
                                 {{"format", "pt"}});
 
-    nlohmann::json j;
-    j["version"] = kStateVersion;
-    j["step"] = state.step;
-    j["sampler"] = {{"epoch", state.sampler_epoch}, {"batch", state.sampler_batch}};
-    j["scaler"] = state.scaler;
-    j["settings"] = state.settings;
-    j["losses"] = state.losses;
-    storage::write_file_atomic((temp_dir / kStateFile).string(), j.dump(2));
+    storage::write_file_atomic((temp_dir / kStateFile).string(),
+                               state_json({state.step, state.sampler_epoch, state.sampler_batch,
+                                           state.scaler, state.settings, state.losses}));
+    // Last: the sizes and checksums of everything above.
+    std::map<std::string, ManifestEntry> files;
+    for (const char* name : kFiles) {
+        ManifestEntry& entry = files[name];
+        entry.xxh3_128 = file_checksum(temp_dir / name, &entry.bytes);
+    }
+    storage::write_file_atomic((temp_dir / kManifestFile).string(), manifest_json(files));
 
     // Into place: a checkpoint of the same step from an earlier run is replaced whole.
     if (fs::exists(final_dir)) fs::remove_all(final_dir);
@@ -100,35 +180,32 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
-    auto all = checkpoints(output_dir);
-    if (all.empty()) return std::nullopt;
-    return all.back().second.string();
+    const auto all = checkpoints(output_dir);
+    std::vector<std::string> refused;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        try {
+            verify(it->second);
+        } catch (const Error& e) {
+            log_warn("train: {} is damaged or incomplete, trying an older checkpoint: {}",
+                     it->second.string(), e.message());
+            refused.push_back(e.message());
+            continue;
+        }
+        return it->second.string();
+    }
+    if (!refused.empty()) {
+        // Starting again from step 0 would write over what may still be rescued by hand.
+        throw Error::Corruption(fmt::format(
+            "no intact checkpoint in {} ({} damaged: {}); move them away to start from step 0",
+            output_dir, refused.size(), refused.front()));
+    }
+    return std::nullopt;
 }
 
+void verify_checkpoint(const std::string& dir) { verify(dir); }
+
 TrainState load_checkpoint(const std::string& dir) {
-    const std::string state_path = (fs::path(dir) / kStateFile).string();
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(storage::read_file(state_path));
-    } catch (const nlohmann::json::exception& e) {
-        throw Error::Corruption(fmt::format("{}: {}", state_path, e.what()));
-    }
-    TrainState s;
-    try {
-        if (j.at("version").get<int>() != kStateVersion) {
-            throw Error::InvalidArgument(
-                fmt::format("{}: checkpoint version {} (this build reads {})", state_path,
-                            j.at("version").get<int>(), kStateVersion));
-        }
-        s.step = j.at("step").get<int64_t>();
-        s.sampler_epoch = j.at("sampler").at("epoch").get<int64_t>();
-        s.sampler_batch = j.at("sampler").at("batch").get<int64_t>();
-        s.scaler = j.at("scaler").get<std::map<std::string, double>>();
-        s.settings = j.at("settings").get<std::map<std::string, std::string>>();
-        s.losses = j.at("losses").get<std::vector<double>>();
-    } catch (const nlohmann::json::exception& e) {
-        throw Error::Corruption(fmt::format("{}: {}", state_path, e.what()));
-    }
+    TrainState s = read_state((fs::path(dir) / kStateFile).string());
     for (auto& [name, t] : read_tensors((fs::path(dir) / "trainable.safetensors").string())) {
         s.trainable.emplace_back(name, t);
     }

@@ -4,11 +4,14 @@
 //     trainable.safetensors   the trained tensors by name (adapters for LoRA, else all weights)
 //     optimizer.safetensors   AdamW moments and steps by parameter name, and the RNG states
 //     state.json              step, sampler position, loss-scaler state, the run's settings
+//     manifest.json           the size and XXH3-128 of each file above, written last
 //
 // A checkpoint is built in a temporary directory next to its final name, every file fsynced,
 // then renamed into place and the parent directory fsynced: a crash leaves either the whole
 // checkpoint or none (a leftover temporary directory is ignored and removed by the next save).
-// state.json is written last and is what makes a directory a checkpoint.
+// A checkpoint is used only once verified whole: every file against the manifest and every field
+// of state.json checked (checkpoints of earlier versions, without a manifest, are verified by
+// their files' own safetensors checksums).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,15 +36,24 @@ struct TrainState {
     std::vector<double> losses;                   // the loss of every step so far
 };
 
+// <output_dir>/checkpoint-<step>.
+std::string checkpoint_dir(const std::string& output_dir, int64_t step);
+
 // Writes checkpoint-<state.step> under `output_dir` and returns its path. Then keeps only the
 // newest `total_limit` checkpoints (0 = keep all).
 std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
                             int64_t total_limit);
 
-// The newest complete checkpoint under `output_dir`, if any.
+// The newest checkpoint under `output_dir` that verifies; a newer damaged or incomplete one is
+// skipped with a warning naming what is wrong. nullopt when there is no checkpoint at all;
+// kCorruption when there are some but none verifies (starting from step 0 would bury them).
 std::optional<std::string> latest_checkpoint(const std::string& output_dir);
 
-// Reads a checkpoint directory; kNotFound / kCorruption naming the file at fault.
+// Verifies a checkpoint directory whole; kNotFound / kCorruption naming the file and field.
+void verify_checkpoint(const std::string& dir);
+
+// Reads a checkpoint directory (verify it first); kNotFound / kCorruption naming the file and
+// field at fault.
 TrainState load_checkpoint(const std::string& dir);
 
 }  // namespace sf::train

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tools/fuzz/CMakeLists.txt, clang with ASan and UBSan) and runs
+# each on a corpus seeded by the program's own writers:
+#
+#   bash tools/fuzz/run.sh                 every target for 30 s (CI's smoke run)
+#   bash tools/fuzz/run.sh --seconds 600   longer
+#   bash tools/fuzz/run.sh --runs 10000000 record index     a number of executions, some targets
+#
+# Prints one line per target with its executions; a crash, leak or sanitizer report stops with
+# the input saved under build-fuzz/findings/ and a non-zero exit. Corpora grow across runs in
+# build-fuzz/corpus/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+seconds=30
+runs=0
+targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -*) echo "run.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+all=(record safetensors safetensors_file index config state yaml image_header)
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+
+command -v clang++ >/dev/null || { echo "run.sh: clang++ not found (bash tools/setup.sh)" >&2; exit 2; }
+cmake -S tools/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build build-fuzz -j"$(nproc)" >/dev/null
+build-fuzz/make_seeds build-fuzz/seeds . >/dev/null
+mkdir -p build-fuzz/findings
+
+status=0
+for t in "${targets[@]}"; do
+  [ -x "build-fuzz/fuzz_$t" ] || { echo "run.sh: no target '$t' (have: ${all[*]})" >&2; exit 2; }
+  mkdir -p "build-fuzz/corpus/$t"
+  limit=(-max_total_time="$seconds")
+  [ "$runs" -gt 0 ] && limit=(-runs="$runs")
+  log="build-fuzz/fuzz_$t.log"
+  if "build-fuzz/fuzz_$t" "build-fuzz/corpus/$t" "build-fuzz/seeds/$t" "${limit[@]}" \
+      -max_len=65536 -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+      -artifact_prefix="build-fuzz/findings/$t-" >"$log" 2>&1; then
+    result=ok
+  else
+    result="FINDING (see $log and build-fuzz/findings/)"
+    status=1
+  fi
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  printf 'fuzz %-18s %12s executions  %s\n' "$t" "$execs" "$result"
+done
+exit $status
