@@ -60,8 +60,12 @@ struct DbVerifyReport {
     std::vector<std::string> errors;  // one message per corrupt key, same order
 };
 
+// The name verify_all's report gives the cross-record checks (manifest -> samples -> latents and
+// text, text keys recomputed), reported like a db.
+constexpr const char* kReferencesCheck = "(references)";
+
 struct VerifyReport {
-    std::vector<DbVerifyReport> dbs;  // record dbs and the fingerprint db
+    std::vector<DbVerifyReport> dbs;  // record dbs, the fingerprint db, then kReferencesCheck
     int64_t ok = 0;
     int64_t corrupt = 0;
 };

@@ -1,7 +1,11 @@
 // Cache::verify_all and Cache::stats: whole-cache passes for `sanaflow inspect`.
+#include <optional>
+
 #include "core/error.h"
 #include "storage/cache.h"
+#include "storage/cache_reader.h"
 #include "storage/cache_schema.h"
+#include "storage/content_key.h"
 #include "storage/tensor_record.h"
 
 namespace sf::storage {
@@ -9,6 +13,88 @@ namespace {
 
 // verify_all keeps every corrupt key but only this many error messages per db.
 constexpr size_t kMaxErrorsPerDb = 100;
+
+void add_fault(DbVerifyReport& report, const std::string& key, const std::string& error) {
+    ++report.corrupt;
+    report.corrupt_keys.push_back(key);
+    if (report.errors.size() < kMaxErrorsPerDb) report.errors.push_back(error);
+}
+
+// What LMDB cannot see: a flipped byte in a B-tree page can change a key, which leaves every
+// record valid but one of them unreachable under its name. Checked here: every sample the
+// manifest lists exists with its latent and text records, and every text record's key is the
+// content key of its own caption and fingerprint.
+DbVerifyReport verify_references(Cache& cache) {
+    DbVerifyReport report;
+    report.db = kReferencesCheck;
+    const std::string where = "cache " + cache.dir();
+    const CacheSnapshot samples = CacheReader(cache, schema::kSamplesDb).snapshot();
+    const CacheSnapshot latents = CacheReader(cache, schema::kLatentsDb).snapshot();
+    const CacheSnapshot texts = CacheReader(cache, schema::kTextDb).snapshot();
+    std::vector<std::string> keys;
+    try {
+        if (auto manifest =
+                CacheReader(cache, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
+            keys = schema::manifest_keys(*manifest, where + " manifest");
+        }
+    } catch (const Error& e) {
+        add_fault(report, schema::kManifestSamplesKey, e.message());
+    }
+    // Only the manifest's samples: prep lists a sample once its records are all written, and a
+    // prep cut off by a kill leaves samples whose latents are still to come.
+    for (const std::string& key : keys) {
+        std::optional<Record> record;
+        try {
+            record = samples.get(key);
+        } catch (const Error&) {
+            continue;  // reported by the per-db pass
+        }
+        if (!record) {
+            add_fault(report, key, where + ": sample " + key + " of the manifest is missing");
+            continue;
+        }
+        try {
+            const auto sample =
+                schema::SampleRecord::from_record(*record, where + " sample " + key);
+            if (!latents.contains(sample.latent_key)) {
+                add_fault(report, key,
+                          where + ": sample " + key + ": its latent " + sample.latent_key +
+                              " is missing");
+            } else if (!texts.contains(sample.text_key)) {
+                add_fault(
+                    report, key,
+                    where + ": sample " + key + ": its text " + sample.text_key + " is missing");
+            } else {
+                ++report.ok;
+            }
+        } catch (const Error& e) {
+            add_fault(report, key, e.message());
+        }
+    }
+    texts.for_each([&](std::string_view key_view, std::string_view) {
+        const std::string key(key_view);
+        if (key == schema::kEmptyPromptKey) return;
+        try {
+            const auto record = texts.get(key);
+            const auto source = record->metadata.find(schema::kSource);
+            const auto fingerprint = record->metadata.find(schema::kFingerprint);
+            if (source == record->metadata.end() || fingerprint == record->metadata.end()) return;
+            const std::string want =
+                content_key_of(source->second, {{"text", fingerprint->second}});
+            if (want != key) {
+                add_fault(report, key,
+                          where + ": text record " + key +
+                              " is stored under the wrong key (its "
+                              "caption and fingerprint make " +
+                              want + ")");
+            } else {
+                ++report.ok;
+            }
+        } catch (const Error&) {
+        }
+    });
+    return report;
+}
 
 }  // namespace
 
@@ -62,6 +148,7 @@ VerifyReport Cache::verify_all(const std::function<void(int64_t)>& progress) {
         }
     }
     report.dbs.push_back(std::move(fingerprints));
+    report.dbs.push_back(verify_references(*this));
 
     for (const auto& db : report.dbs) {
         report.ok += db.ok;

@@ -18,7 +18,10 @@ enum class Op { kWrite, kFsync, kRename, kCommit };
 struct Fault {
     Fault() = default;
     Fault(Op op_, int error_, std::string path_contains_ = "", int skip_ = 0, int times_ = 1)
-        : op(op_), error(error_), path_contains(std::move(path_contains_)), skip(skip_),
+        : op(op_),
+          error(error_),
+          path_contains(std::move(path_contains_)),
+          skip(skip_),
           times(times_) {}
 
     Op op = Op::kWrite;

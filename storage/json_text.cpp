@@ -64,8 +64,8 @@ json parse_json(std::string_view text, const std::string& where, ErrorCode code,
         if ((event == json::parse_event_t::object_start ||
              event == json::parse_event_t::array_start) &&
             depth >= max_depth) {
-            throw Error(code, where + ": JSON nested deeper than " + std::to_string(max_depth) +
-                                  " levels");
+            throw Error(
+                code, where + ": JSON nested deeper than " + std::to_string(max_depth) + " levels");
         }
         return true;
     };

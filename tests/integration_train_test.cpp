@@ -22,6 +22,7 @@
 #include "stages/train/train_state.h"
 #include "storage/cache.h"
 #include "storage/fault_injection.h"
+#include "storage/lmdb.h"
 #include "storage/safetensors_file.h"
 #include "test_util.h"
 
@@ -326,6 +327,92 @@ TEST(TrainIntegration, AFullDiskAtTheFinalWeightsLosesNoTraining) {
     const std::string weights = "transformer/diffusion_pytorch_model.safetensors";
     EXPECT_EQ(sf::test::read_file(out.path() / weights),
               sf::test::read_file(whole.path() / weights));
+}
+
+// A copy of the shared cache, to damage.
+std::string copy_of_shared_cache(const TempDir& tmp) {
+    const fs::path to = tmp.path() / "cache";
+    fs::create_directories(to);
+    fs::copy_file(fs::path(shared_cache()) / "data.mdb", to / "data.mdb");
+    return to.string();
+}
+
+TEST(TrainIntegration, AKeyChangedBehindLmdbsBackIsFoundByVerifyAndRefusedByTrain) {
+    TempDir tmp("sf_train_damage");
+    const std::string cache_dir = copy_of_shared_cache(tmp);
+    {
+        // What a flipped byte in a B-tree page did: one latent now sits under another key.
+        sf::storage::Cache cache = sf::storage::Cache::open(cache_dir);
+        sf::storage::LMDBDb latents = cache.db("latents");
+        cache.env()->write([&](sf::storage::LMDBTxn& txn) {
+            sf::storage::LMDBCursor cursor(txn, latents);
+            ASSERT_TRUE(cursor.first());
+            std::string key(cursor.key()), frame(cursor.value());
+            txn.del(latents, key);
+            key[5] = key[5] == 'a' ? 'b' : 'a';
+            txn.put(latents, key, frame);
+        });
+    }
+    const auto verify = sf::test::run_command(kSanaflow + " inspect " + cache_dir + " --verify");
+    EXPECT_NE(verify.exit_code, 0) << verify.output;
+    EXPECT_NE(verify.output.find("corrupt (references)/"), std::string::npos) << verify.output;
+    EXPECT_NE(verify.output.find("is missing"), std::string::npos) << verify.output;
+
+    TempDir out("sf_train_damage_out");
+    TrainOptions o = train_options(out.path().string());
+    o.cache_dir = cache_dir;
+    o.max_train_steps = 2;
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kCorruption,
+                           "1 of 8 samples of the cache are damaged");
+    o.skip_corrupt = true;
+    const auto report = sf::pipelines::run_train(o);
+    EXPECT_EQ(report.damaged_samples, 1);
+    EXPECT_EQ(report.steps, 2);
+}
+
+TEST(TrainIntegration, ResumeRefusesAnotherCacheOrScheduleUnlessAllowed) {
+    TempDir out("sf_train_data"), other("sf_train_other");
+    TrainOptions o = train_options(out.path().string());
+    o.max_train_steps = 2;
+    o.checkpointing_steps = 2;
+    o.lr_scheduler = "cosine";
+    sf::pipelines::run_train(o);
+    sf::test::write_dataset(other.path() / "data", 0, 4);  // other samples (4, not 8)
+    sf::pipelines::run_prep(sf::test::options_for(other));
+    TrainOptions resumed = o;
+    resumed.max_train_steps = 4;
+    resumed.resume_from_checkpoint = "latest";
+    resumed.cache_dir = other.file("cache");
+    try {
+        sf::pipelines::run_train(resumed);
+        FAIL() << "resumed on another cache";
+    } catch (const sf::Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("data_size: checkpoint has 8 samples"), std::string::npos) << m;
+        EXPECT_NE(m.find("run wants 4 samples"), std::string::npos) << m;
+        EXPECT_NE(m.find("max_train_steps: checkpoint has 2, run wants 4"), std::string::npos) << m;
+        EXPECT_NE(m.find("--allow_new_data"), std::string::npos) << m;
+    }
+    resumed.allow_new_data = true;
+    resumed.max_train_steps = 2;  // the cosine schedule's length must still match
+    const auto report = sf::pipelines::run_train(resumed);
+    EXPECT_EQ(report.first_step, 2);
+
+    // An optimizer file without the random generators' states, in a checkpoint without a
+    // manifest (as an earlier version wrote them): named, not `map::at`.
+    const std::string checkpoint = out.file("checkpoint-2");
+    const auto optimizer =
+        sf::storage::SafetensorsFile::open(checkpoint + "/optimizer.safetensors");
+    sf::storage::Record kept;
+    for (const auto& name : optimizer.names()) {
+        if (name.rfind("rng.", 0) != 0) kept.tensors[name] = optimizer.read(name);
+    }
+    sf::storage::write_safetensors_file(checkpoint + "/optimizer.safetensors", kept);
+    fs::remove(checkpoint + "/manifest.json");
+    TrainOptions no_rng = o;
+    no_rng.resume_from_checkpoint = checkpoint;
+    sf::test::expect_error([&] { sf::pipelines::run_train(no_rng); }, sf::ErrorCode::kCorruption,
+                           checkpoint + "/optimizer.safetensors: no tensor rng.default");
 }
 
 TEST(TrainIntegration, ATrainingSetReadsSeveralCacheShards) {

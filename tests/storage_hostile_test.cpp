@@ -91,8 +91,8 @@ TEST(StorageHostile, ParseJsonRefusesDeepNestingWithTheCodeAsked) {
 TEST(StorageHostile, SafetensorsHeadersNestedDeepAreCorruption) {
     TempDir dir;
     for (size_t depth : kDepths) {
-        const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":" + nested(depth) +
-                                   ",\"data_offsets\":[0,0]}}";
+        const std::string header =
+            "{\"w\":{\"dtype\":\"F32\",\"shape\":" + nested(depth) + ",\"data_offsets\":[0,0]}}";
         const std::string bytes = safetensors_bytes(header);
         expect_refused([&] { decode_safetensors(bytes, "buffer"); }, ErrorCode::kCorruption,
                        "nested deeper");
@@ -126,7 +126,7 @@ TEST(StorageHostile, HugeValuesAreQuotedShort) {
     expect_refused(
         [&] {
             decode_safetensors(safetensors_bytes("{\"" + name + "\":{\"dtype\":\"" + dtype +
-                                                 "\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                                                     "\",\"shape\":[1],\"data_offsets\":[0,4]}}",
                                                  std::string(4, '\0')));
         },
         ErrorCode::kCorruption, "unknown or unsupported dtype");
@@ -213,8 +213,7 @@ TEST(StorageHostile, AnotherProgramsLmdbIsNotWrittenInto) {
 TEST(StorageHostile, AHeaderTheReaderWouldRefuseIsNeverWritten) {
     Record r;
     r.metadata["caption"] = std::string(kMaxSafetensorsHeader + 1, 'c');
-    expect_refused([&] { encode_record(r); }, ErrorCode::kInvalidArgument,
-                   "safetensors header of");
+    expect_refused([&] { encode_record(r); }, ErrorCode::kInvalidArgument, "safetensors header of");
 }
 
 }  // namespace

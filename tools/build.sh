@@ -15,13 +15,18 @@ if [ "${1:-}" = "--torch2" ]; then
   shift
   python=python3
   if [ -x .venv/bin/python ]; then python=.venv/bin/python; fi
-  torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+  prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
+    echo "build.sh: no torch in $python (run bash tools/setup.sh)" >&2
+    exit 2
+  }
+  torch_dir=$(dirname "$(dirname "$prefix")")
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   # The torch package's root as a prefix too: without it CMake finds Debian's libtorch.so in
   # the system paths before the package's own lib/.
   cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake;$torch_dir" \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DTORCH_CUDA_ARCH_LIST="8.0;9.0" "$@" >/dev/null
+    "-DCMAKE_PREFIX_PATH=$prefix;$torch_dir" \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="80;90" \
+    -DTORCH_CUDA_ARCH_LIST="8.0;9.0" "$@" >/dev/null
   cmake --build build-torch2 -j "$jobs"
   exit
 fi

@@ -131,6 +131,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
         ->capture_default_str();
     cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint,
                     "latest, or a checkpoint directory");
+    cmd->add_flag("--skip_corrupt", o.skip_corrupt,
+                  "train without the samples whose cache records are damaged (counted at the end) "
+                  "instead of refusing");
     cmd->add_flag("--allow_new_data", o.allow_new_data,
                   "resume on another cache than the checkpoint's (other samples, resolution or "
                   "encoder weights)");
@@ -151,6 +154,9 @@ std::string train_summary(const sf::pipelines::TrainReport& r) {
         r.steps, r.steps - r.first_step, r.skipped_steps, r.trainable_parameters, r.seconds);
     out += fmt::format("loss: first {} steps {:.4f}, last {} steps {:.4f}\n", k, mean(0, k), k,
                        mean(n - k, n));
+    if (r.damaged_samples > 0) {
+        out += fmt::format("damaged samples left out (--skip_corrupt): {}\n", r.damaged_samples);
+    }
     out += "weights: " + r.weights_path + "\n";
     out += "peak memory per phase:\n" + r.phase_table;
     return out;

@@ -13,8 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build
 if [ "${1:-}" = "--asan" ]; then
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSANAFLOW_SANITIZE=ON \
-    -DSANAFLOW_WERROR=ON >/dev/null
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSANAFLOW_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$(nproc)" --target storage_tests graph_tests stages_image_tests
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"

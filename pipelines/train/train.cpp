@@ -116,7 +116,7 @@ TrainReport run_train(const TrainOptions& o) {
     }
 
     const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
-    const train::TrainingSet set = train::TrainingSet::open(cache);
+    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
 
     mem::reset_peak();
     memlog.mark("train", "before model");
@@ -145,6 +145,7 @@ TrainReport run_train(const TrainOptions& o) {
 
     TrainReport report;
     report.trainable_parameters = trainable_count;
+    report.damaged_samples = set.damaged();
     if (!o.resume_from_checkpoint.empty()) {
         const std::optional<std::string> dir =
             o.resume_from_checkpoint == "latest"

@@ -55,6 +55,8 @@ struct TrainOptions {
     std::string resume_from_checkpoint;  // "", "latest" or a checkpoint directory
     // Resume on a cache other than the checkpoint's (other samples, resolution or encoders).
     bool allow_new_data = false;
+    // Train without the samples whose records are damaged (reported), instead of refusing.
+    bool skip_corrupt = false;
     int64_t log_every = 10;
 };
 
@@ -63,6 +65,7 @@ struct TrainReport {
     int64_t steps = 0;           // optimizer steps done at the end
     std::vector<double> losses;  // every step's loss, from step 1 (resumed ones included)
     int64_t skipped_steps = 0;
+    int64_t damaged_samples = 0;  // left out with --skip_corrupt
     double seconds = 0;
     std::string weights_path;  // the final weights
     std::string phase_table;   // per-phase peak memory

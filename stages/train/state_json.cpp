@@ -64,17 +64,17 @@ StateFields parse_state_json(const std::string& text, const std::string& state_p
     s.sampler_batch = read_int(sampler, "batch", 0, state_path + ": sampler");
     for (const auto& [key, value] : read_object(j, "scaler", state_path).items()) {
         if (!value.is_number() || !std::isfinite(value.get<double>())) {
-            throw corrupt(state_path, fmt::format("scaler \"{}\" must be a finite number, got {}",
-                                                  storage::text_excerpt(key),
-                                                  storage::json_excerpt(value)));
+            throw corrupt(state_path,
+                          fmt::format("scaler \"{}\" must be a finite number, got {}",
+                                      storage::text_excerpt(key), storage::json_excerpt(value)));
         }
         s.scaler[key] = value.get<double>();
     }
     for (const auto& [key, value] : read_object(j, "settings", state_path).items()) {
         if (!value.is_string()) {
-            throw corrupt(state_path, fmt::format("setting \"{}\" must be a string, got {}",
-                                                  storage::text_excerpt(key),
-                                                  storage::json_excerpt(value)));
+            throw corrupt(state_path,
+                          fmt::format("setting \"{}\" must be a string, got {}",
+                                      storage::text_excerpt(key), storage::json_excerpt(value)));
         }
         s.settings[key] = value.get<std::string>();
     }
@@ -91,7 +91,6 @@ StateFields parse_state_json(const std::string& text, const std::string& state_p
     }
     return s;
 }
-
 
 std::string manifest_json(const std::map<std::string, ManifestEntry>& files) {
     nlohmann::json out = nlohmann::json::object();
@@ -111,7 +110,8 @@ std::map<std::string, ManifestEntry> parse_manifest_json(const std::string& text
         ManifestEntry e;
         e.bytes = static_cast<uint64_t>(read_int(entry, "bytes", 0, file));
         const auto hash = entry.find("xxh3_128");
-        if (hash == entry.end() || !hash->is_string() || hash->get_ref<const std::string&>().size() != 32)
+        if (hash == entry.end() || !hash->is_string() ||
+            hash->get_ref<const std::string&>().size() != 32)
             throw corrupt(file, "\"xxh3_128\" must be 32 hex characters");
         e.xxh3_128 = hash->get<std::string>();
         out[name] = std::move(e);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -32,8 +33,8 @@ void seeded_shuffle(std::vector<T>& v, std::mt19937_64& rng) {
 
 }  // namespace
 
-TrainingSet TrainingSet::open(const storage::Cache& cache) {
-    return open(std::vector<storage::Cache>{cache});
+TrainingSet TrainingSet::open(const storage::Cache& cache, bool skip_damaged) {
+    return open(std::vector<storage::Cache>{cache}, skip_damaged);
 }
 
 std::string TrainingSet::content_hash() const {
@@ -46,11 +47,12 @@ std::string TrainingSet::content_hash() const {
     return hasher.hex();
 }
 
-TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
+TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool skip_damaged) {
     SF_CHECK(!shards.empty(), "a training set of no cache");
     TrainingSet set;
     std::set<std::string> seen;  // a sample in two shards (prep run twice) is trained on once
     int64_t listed = 0, incomplete = 0;
+    std::string first_damage;
     for (size_t shard = 0; shard < shards.size(); ++shard) {
         storage::Cache c = shards[shard];
         for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
@@ -67,6 +69,7 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
         const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
 
         std::vector<std::string> keys;
+        bool from_manifest = true;
         if (auto manifest =
                 storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
             keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
@@ -75,21 +78,46 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
                 "train: cache {} has no manifest (prep before this version?): training on every "
                 "sample record",
                 c.dir());
+            from_manifest = false;
             samples.for_each(
                 [&](std::string_view key, std::string_view) { keys.emplace_back(key); });
         }
         listed += static_cast<int64_t>(keys.size());
+        // Prep lists a sample in the manifest once its records are all written: one that is not
+        // whole now was damaged. Without a manifest, a sample may be incomplete (prep cut off).
+        auto left_out = [&](const std::string& why) {
+            ++set.damaged_;
+            if (first_damage.empty()) first_damage = why;
+        };
         for (const auto& key : keys) {
-            auto record = samples.get(key);
-            if (!record) {
-                ++incomplete;
+            const std::string where = c.dir() + "/" + schema::kSamplesDb + "/" + key;
+            std::optional<storage::Record> record;
+            std::optional<schema::SampleRecord> sample;
+            try {
+                record = samples.get(key);
+                if (record) sample = schema::SampleRecord::from_record(*record, where);
+            } catch (const Error& e) {
+                left_out(e.message());
                 continue;
             }
-            const auto sample = schema::SampleRecord::from_record(
-                *record, c.dir() + "/" + schema::kSamplesDb + "/" + key);
-            TrainingSample s{key, sample.latent_key, sample.text_key, sample.bucket, shard};
+            if (!record) {
+                if (from_manifest) {
+                    left_out(where + ": the manifest lists it, but it is missing");
+                } else {
+                    ++incomplete;
+                }
+                continue;
+            }
+            TrainingSample s{key, sample->latent_key, sample->text_key, sample->bucket, shard};
             if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
-                ++incomplete;
+                if (from_manifest) {
+                    left_out(
+                        fmt::format("{}: its {} record {} is missing", where,
+                                    latents.contains(s.latent_key) ? "text" : "latent",
+                                    latents.contains(s.latent_key) ? s.text_key : s.latent_key));
+                } else {
+                    ++incomplete;
+                }
                 continue;
             }
             if (!seen.insert(key).second) continue;
@@ -102,6 +130,17 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards) {
                     tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
             }
         }
+    }
+    if (set.damaged_ > 0) {
+        if (!skip_damaged) {
+            throw Error::Corruption(fmt::format(
+                "{} of {} samples of the cache are damaged (first: {}): `sanaflow inspect {} "
+                "--verify` lists them; rerun prep to repair them, or train without them with "
+                "--skip_corrupt",
+                set.damaged_, listed, first_damage, shards.front().dir()));
+        }
+        log_warn("train: --skip_corrupt: {} of {} samples are damaged and left out (first: {})",
+                 set.damaged_, listed, first_damage);
     }
     if (incomplete > 0) {
         log_warn(

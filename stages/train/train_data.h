@@ -40,14 +40,18 @@ struct TrainingBatch {
 class TrainingSet {
 public:
     // kNotFound when the cache has no samples, latents or text db; kInvalidArgument when no
-    // sample is complete.
-    static TrainingSet open(const storage::Cache& cache);
+    // sample is complete; kCorruption when a sample the manifest lists is damaged (its record,
+    // its latent or its text missing or undecodable), unless `skip_damaged` leaves such samples
+    // out (counted by damaged()).
+    static TrainingSet open(const storage::Cache& cache, bool skip_damaged = false);
     // The samples of several caches (the shards that data-parallel prep writes, one per rank),
     // in shard order; a sample found in two shards is taken once. Each sample's latent and text
     // records are read from its own shard.
-    static TrainingSet open(const std::vector<storage::Cache>& shards);
+    static TrainingSet open(const std::vector<storage::Cache>& shards, bool skip_damaged = false);
 
     const std::vector<TrainingSample>& samples() const { return samples_; }
+    // Samples of the manifest left out as damaged (with skip_damaged).
+    int64_t damaged() const { return damaged_; }
     // bucket -> indices into samples(), buckets in name order.
     const std::map<Bucket, std::vector<int64_t>>& buckets() const { return buckets_; }
     int64_t latent_channels() const { return latent_channels_; }
@@ -70,6 +74,7 @@ private:
     std::vector<TrainingSample> samples_;
     std::map<Bucket, std::vector<int64_t>> buckets_;
     int64_t latent_channels_ = 0, text_hidden_ = 0;
+    int64_t damaged_ = 0;
     at::Tensor empty_prompt_;
 };
 

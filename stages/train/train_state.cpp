@@ -83,14 +83,8 @@ Error corrupt(const std::string& where, const std::string& what) {
 }
 
 TrainState read_state(const std::string& path) {
-    const StateFields f = parse_state_json(storage::read_file(path), path);
     TrainState s;
-    s.step = f.step;
-    s.sampler_epoch = f.sampler_epoch;
-    s.sampler_batch = f.sampler_batch;
-    s.scaler = f.scaler;
-    s.settings = f.settings;
-    s.losses = f.losses;
+    static_cast<StateFields&>(s) = parse_state_json(storage::read_file(path), path);
     return s;
 }
 

@@ -22,18 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "stages/train/state_json.h"
+
 namespace sf::train {
 
-struct TrainState {
-    int64_t step = 0;  // optimizer steps done
-    int64_t sampler_epoch = 0;
-    int64_t sampler_batch = 0;
-    std::map<std::string, double> scaler;         // LossScaler::state()
-    std::map<std::string, std::string> settings;  // what must match on resume (model, rank, ...)
+// The JSON part (step, sampler position, scaler, settings, losses: state_json.h) and the tensors.
+struct TrainState : StateFields {
     std::vector<std::pair<std::string, at::Tensor>> trainable;
     std::map<std::string, at::Tensor> optimizer;  // AdamW::state()
     std::map<std::string, at::Tensor> rng;        // generator name -> state bytes (uint8)
-    std::vector<double> losses;                   // the loss of every step so far
 };
 
 // <output_dir>/checkpoint-<step>.

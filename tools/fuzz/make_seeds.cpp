@@ -72,8 +72,7 @@ int main(int argc, char** argv) {
         seed("safetensors_file", n + "-plain", storage::read_file(file));
         fs::remove(file);
     }
-    seed("index", "0",
-         R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s.safetensors"}})");
+    seed("index", "0", R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s.safetensors"}})");
     const std::pair<char, const char*> configs[] = {
         {'\0', "transformer"}, {'\0', "transformer_pe"}, {'\1', "vae"}, {'\2', "text_encoder"}};
     for (const auto& [selector, model] : configs) {
