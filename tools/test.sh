@@ -8,7 +8,7 @@
 #   bash tools/test.sh --asan    builds the storage, graph and image-stage unit tests with ASan and
 #                                UBSan (build-asan/) and runs them
 #   bash tools/test.sh --fuzz    builds the fuzzers (tools/fuzz/) and runs each for
-#                                SANAFLOW_FUZZ_SECONDS (default 30)
+#                                SANAFLOW_FUZZ_SECONDS (default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build
@@ -24,7 +24,7 @@ if [ "${1:-}" = "--asan" ]; then
   exit 0
 fi
 if [ "${1:-}" = "--fuzz" ]; then
-  exec bash tools/fuzz/run.sh --seconds "${SANAFLOW_FUZZ_SECONDS:-30}"
+  exec bash tools/fuzz/run.sh --seconds "${SANAFLOW_FUZZ_SECONDS:-15}"
 fi
 if [ "${1:-}" = "--torch2" ]; then
   shift

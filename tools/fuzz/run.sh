@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (tools/fuzz/CMakeLists.txt, clang with ASan and UBSan) and runs
 # each on a corpus seeded by the program's own writers:
 #
-#   bash tools/fuzz/run.sh                 every target for 30 s (CI's smoke run)
+#   bash tools/fuzz/run.sh                 every target for 30 s (CI runs 15 s: tools/test.sh --fuzz)
 #   bash tools/fuzz/run.sh --seconds 600   longer
 #   bash tools/fuzz/run.sh --runs 10000000 record index     a number of executions, some targets
 #
