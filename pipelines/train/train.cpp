@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/device_options.h"
 #include "core/error.h"
@@ -102,6 +103,48 @@ std::string save_final_weights(const TrainOptions& o, model::DiffusionTransforme
     return path;
 }
 
+// Outside fp16 loss scaling, a step whose loss or gradient is not finite means the run has
+// diverged (every later step would be skipped too): stop, naming the step. fp16's scaler skips
+// such steps and lowers its scale. Nothing of the step is written, so `last_checkpoint` stays the
+// good state.
+void stop_if_diverged(const TrainOptions& o, const train::StepResult& r,
+                      const std::optional<std::string>& last_checkpoint) {
+    if (o.mixed_precision == "fp16" || (!r.skipped && std::isfinite(r.loss))) return;
+    throw Error::InvalidArgument(fmt::format(
+        "train: the {} became non-finite at step {} (loss {}): training diverged and nothing of "
+        "this step is saved ({}); lower --learning_rate",
+        std::isfinite(r.loss) ? "gradient" : "loss", r.step, r.loss,
+        last_checkpoint ? "the last good checkpoint is " + *last_checkpoint
+                        : "there is no checkpoint"));
+}
+
+// The final weights, written while a checkpoint of the last step exists, so a failure while
+// writing them (a full disk) loses no training; a checkpoint the run did not ask for goes once
+// they are in place.
+std::string save_final_weights_safely(const TrainOptions& o,
+                                      model::DiffusionTransformer& transformer,
+                                      const training::RunParts& run,
+                                      const std::vector<double>& losses) {
+    const int64_t step = run.step.steps_done();
+    const bool asked = o.checkpointing_steps > 0 && step % o.checkpointing_steps == 0;
+    const std::string kept =
+        asked ? train::checkpoint_dir(o.output_dir, step)
+              : train::save_checkpoint(o.output_dir, training::capture_state(run, losses),
+                                       /*total_limit=*/0);
+    std::string path;
+    try {
+        path = save_final_weights(o, transformer);
+    } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("{}\nthe final weights were not written, but the trained "
+                                          "state is safe in {}: make room and rerun the same "
+                                          "command with --resume_from_checkpoint latest to write "
+                                          "them",
+                                          e.message(), kept));
+    }
+    if (!asked) fs::remove_all(kept);
+    return path;
+}
+
 }  // namespace
 
 TrainReport run_train(const TrainOptions& o) {
@@ -146,14 +189,16 @@ TrainReport run_train(const TrainOptions& o) {
     TrainReport report;
     report.trainable_parameters = trainable_count;
     report.damaged_samples = set.damaged();
+    std::optional<std::string> last_checkpoint;  // the newest good one, for messages
     if (!o.resume_from_checkpoint.empty()) {
-        const std::optional<std::string> dir =
-            o.resume_from_checkpoint == "latest"
-                ? train::latest_checkpoint(o.output_dir)
-                : std::optional<std::string>(o.resume_from_checkpoint);
-        if (dir) {
-            report.losses = training::restore_state(*dir, run, o.allow_new_data);
-            log_info("train: resumed from {} at step {}", *dir, trainer.steps_done());
+        // `latest` is verified while it is chosen; a directory named by the user is verified here.
+        const bool latest = o.resume_from_checkpoint == "latest";
+        last_checkpoint = latest ? train::latest_checkpoint(o.output_dir)
+                                 : std::optional<std::string>(o.resume_from_checkpoint);
+        if (last_checkpoint) {
+            if (!latest) train::verify_checkpoint(*last_checkpoint);
+            report.losses = training::restore_state(*last_checkpoint, run, o.allow_new_data);
+            log_info("train: resumed from {} at step {}", *last_checkpoint, trainer.steps_done());
         } else {
             log_info("train: no checkpoint in {}: starting from step 0", o.output_dir);
         }
@@ -171,17 +216,7 @@ TrainReport run_train(const TrainOptions& o) {
                 return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
             },
             gen);
-        if (o.mixed_precision != "fp16" && (r.skipped || !std::isfinite(r.loss))) {
-            // fp16 loss scaling skips such steps and lowers its scale; anywhere else a
-            // non-finite loss or gradient means the run has diverged, and every later step would
-            // be skipped too. Nothing more is written: the last checkpoint stays the good state.
-            const std::optional<std::string> last = train::latest_checkpoint(o.output_dir);
-            throw Error::InvalidArgument(fmt::format(
-                "train: the {} became non-finite at step {} (loss {}): training diverged and "
-                "nothing of this step is saved ({}); lower --learning_rate",
-                std::isfinite(r.loss) ? "gradient" : "loss", r.step, r.loss,
-                last ? "the last good checkpoint is " + *last : "there is no checkpoint"));
-        }
+        stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
         progress.advance(1);
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
@@ -193,36 +228,16 @@ TrainReport run_train(const TrainOptions& o) {
                                : "");
         }
         if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
-            const std::string path =
+            last_checkpoint =
                 train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
                                        o.checkpoints_total_limit);
-            log_info("train: checkpoint {}", path);
+            log_info("train: checkpoint {}", *last_checkpoint);
         }
     }
     progress.finish();
 
-    if (writes) {
-        // Until the final weights are in place a checkpoint of the last step exists, so a failure
-        // while writing them (a full disk) loses no training. One the run did not ask for goes
-        // once they are.
-        const bool asked =
-            o.checkpointing_steps > 0 && trainer.steps_done() % o.checkpointing_steps == 0;
-        const std::string kept =
-            asked
-                ? train::checkpoint_dir(o.output_dir, trainer.steps_done())
-                : train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
-                                         /*total_limit=*/0);
-        try {
-            report.weights_path = save_final_weights(o, *transformer);
-        } catch (const Error& e) {
-            throw Error(e.code(),
-                        fmt::format("{}\nthe final weights were not written, but the trained state "
-                                    "is safe in {}: make room and rerun the same command with "
-                                    "--resume_from_checkpoint latest to write them",
-                                    e.message(), kept));
-        }
-        if (!asked) fs::remove_all(kept);
-    }
+    if (writes)
+        report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
     memlog.mark("train", "end");
     mem::release_memory("train end");
     nlohmann::json summary;

@@ -49,8 +49,10 @@ struct RunParts {
 };
 
 train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses);
-// Restores `run` from the checkpoint in `dir` and returns the losses so far. kInvalidArgument
-// naming each setting that differs; kCorruption for a trainable tensor missing or misshaped.
+// Restores `run` from the checkpoint in `dir` (verified by the caller: train::verify_checkpoint,
+// or chosen by train::latest_checkpoint) and returns the losses so far. kInvalidArgument naming
+// each setting that differs (the data too, unless `allow_new_data`); kCorruption for a trainable
+// tensor or random generator state missing or misshaped.
 std::vector<double> restore_state(const std::string& dir, const RunParts& run, bool allow_new_data);
 
 }  // namespace sf::pipelines::training
