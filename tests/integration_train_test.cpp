@@ -370,6 +370,38 @@ TEST(TrainIntegration, AKeyChangedBehindLmdbsBackIsFoundByVerifyAndRefusedByTrai
     EXPECT_EQ(report.steps, 2);
 }
 
+TEST(TrainIntegration, ARecordDamagedInsideStopsTrainingUnlessSkippedThenItIsLeftOut) {
+    TempDir tmp("sf_train_bitrot");
+    const std::string cache_dir = copy_of_shared_cache(tmp);
+    std::string damaged_key;
+    {
+        // The key and the references are intact, the frame is not: only decoding can tell.
+        sf::storage::Cache cache = sf::storage::Cache::open(cache_dir);
+        sf::storage::LMDBDb latents = cache.db("latents");
+        cache.env()->write([&](sf::storage::LMDBTxn& txn) {
+            sf::storage::LMDBCursor cursor(txn, latents);
+            ASSERT_TRUE(cursor.first());
+            damaged_key = std::string(cursor.key());
+            std::string frame(cursor.value());
+            frame[frame.size() / 2] = static_cast<char>(frame[frame.size() / 2] ^ 0x5a);
+            txn.put(latents, damaged_key, frame);
+        });
+    }
+    TempDir out("sf_train_bitrot_out");
+    TrainOptions o = train_options(out.path().string());
+    o.cache_dir = cache_dir;
+    o.max_train_steps = 8;  // two epochs of 8 samples in batches of 2: the damaged one is drawn
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kCorruption,
+                           damaged_key);
+    o.skip_corrupt = true;
+    const auto report = sf::pipelines::run_train(o);
+    EXPECT_EQ(report.damaged_samples, 1);
+    EXPECT_EQ(report.steps, 8);
+    const auto summary =
+        nlohmann::json::parse(sf::test::read_file(out.path() / "training_summary.json"));
+    EXPECT_EQ(summary.at("damaged_samples").get<int64_t>(), 1);
+}
+
 TEST(TrainIntegration, ResumeRefusesAnotherCacheOrScheduleUnlessAllowed) {
     TempDir out("sf_train_data"), other("sf_train_other");
     TrainOptions o = train_options(out.path().string());

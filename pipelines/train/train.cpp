@@ -188,7 +188,6 @@ TrainReport run_train(const TrainOptions& o) {
 
     TrainReport report;
     report.trainable_parameters = trainable_count;
-    report.damaged_samples = set.damaged();
     std::optional<std::string> last_checkpoint;  // the newest good one, for messages
     if (!o.resume_from_checkpoint.empty()) {
         // `latest` is verified while it is chosen; a directory named by the user is verified here.
@@ -212,7 +211,8 @@ TrainReport run_train(const TrainOptions& o) {
     while (trainer.steps_done() < o.max_train_steps) {
         const train::StepResult r = trainer.step(
             [&](int64_t) {
-                const train::TrainingBatch b = set.load(sampler.next(), o.caption_dropout, gen);
+                train::TrainingBatch b;
+                while (b.indices.empty()) b = set.load(sampler.next(), o.caption_dropout, gen);
                 return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
             },
             gen);
@@ -240,11 +240,16 @@ TrainReport run_train(const TrainOptions& o) {
         report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
     memlog.mark("train", "end");
     mem::release_memory("train end");
+    report.damaged_samples = set.damaged();
+    if (report.damaged_samples > 0) {
+        log_warn("train: --skip_corrupt: {} damaged samples were left out", report.damaged_samples);
+    }
     nlohmann::json summary;
     summary["steps"] = trainer.steps_done();
     summary["first_step_of_this_run"] = report.first_step;
     summary["losses"] = report.losses;
     summary["skipped_steps"] = trainer.scaler().skipped_steps();
+    summary["damaged_samples"] = report.damaged_samples;
     summary["weights"] = report.weights_path;
     if (writes)
         storage::write_file_atomic((fs::path(o.output_dir) / "training_summary.json").string(),

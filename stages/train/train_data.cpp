@@ -50,6 +50,7 @@ std::string TrainingSet::content_hash() const {
 TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool skip_damaged) {
     SF_CHECK(!shards.empty(), "a training set of no cache");
     TrainingSet set;
+    set.skip_damaged_ = skip_damaged;
     std::set<std::string> seen;  // a sample in two shards (prep run twice) is trained on once
     int64_t listed = 0, incomplete = 0;
     std::string first_damage;
@@ -170,7 +171,9 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
     // One read snapshot of each shard the batch touches.
     std::map<size_t, std::pair<storage::CacheSnapshot, storage::CacheSnapshot>> snapshots;
     std::vector<at::Tensor> lat, txt;
+    std::vector<int64_t> kept;
     for (int64_t i : indices) {
+        if (damaged_in_load_.count(i) != 0) continue;
         const TrainingSample& s = samples_.at(static_cast<size_t>(i));
         auto it = snapshots.find(s.shard);
         if (it == snapshots.end()) {
@@ -182,24 +185,43 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
                                         storage::CacheReader(shard, schema::kTextDb).snapshot()))
                      .first;
         }
-        auto l = it->second.first.get(s.latent_key);
-        auto t = it->second.second.get(s.text_key);
-        if (!l || !t)
-            throw Error::NotFound(
-                fmt::format("sample {}: its latent or text record vanished", s.sample_key));
-        lat.push_back(
-            tensor_of(*l, schema::kLatent, std::string(schema::kLatentsDb) + "/" + s.latent_key)
-                .to(at::kFloat));
-        txt.push_back(
-            tensor_of(*t, schema::kPromptEmbeds, std::string(schema::kTextDb) + "/" + s.text_key)
-                .to(at::kFloat));
+        const std::string latent_where = std::string(schema::kLatentsDb) + "/" + s.latent_key;
+        const std::string text_where = std::string(schema::kTextDb) + "/" + s.text_key;
+        at::Tensor latent, text;
+        try {
+            auto l = it->second.first.get(s.latent_key);
+            if (!l) throw Error::Corruption(latent_where + ": the record vanished");
+            latent = tensor_of(*l, schema::kLatent, latent_where).to(at::kFloat);
+            auto t = it->second.second.get(s.text_key);
+            if (!t) throw Error::Corruption(text_where + ": the record vanished");
+            text = tensor_of(*t, schema::kPromptEmbeds, text_where).to(at::kFloat);
+        } catch (const Error& e) {
+            if (!skip_damaged_) {
+                throw Error::Corruption(fmt::format(
+                    "sample {} is damaged: {} (`sanaflow inspect {} --verify` lists every "
+                    "damaged record; rerun prep to repair them, or train without them with "
+                    "--skip_corrupt)",
+                    s.sample_key, e.message(), shards_.at(s.shard)->dir()));
+            }
+            log_warn("train: --skip_corrupt: sample {} left out: {}", s.sample_key, e.message());
+            damaged_in_load_.insert(i);
+            if (damaged_in_load_.size() == samples_.size()) {
+                throw Error::Corruption(
+                    fmt::format("every sample of the cache is damaged (the last: {})", e.message()));
+            }
+            continue;
+        }
+        lat.push_back(std::move(latent));
+        txt.push_back(std::move(text));
+        kept.push_back(i);
     }
+    if (kept.empty()) return TrainingBatch{};  // all damaged: the caller draws the next batch
     if (caption_dropout > 0) {
         if (!empty_prompt_.defined()) {
             throw Error::InvalidArgument(
                 "--caption_dropout needs the empty prompt's features in the cache: rerun prep");
         }
-        const at::Tensor draw = at::rand({static_cast<int64_t>(indices.size())}, gen,
+        const at::Tensor draw = at::rand({static_cast<int64_t>(kept.size())}, gen,
                                          at::TensorOptions().dtype(at::kFloat));
         for (size_t i = 0; i < txt.size(); ++i) {
             if (draw[static_cast<int64_t>(i)].item<float>() < caption_dropout)
@@ -208,7 +230,7 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
     }
     int64_t longest = 0;
     for (const auto& t : txt) longest = std::max(longest, t.size(0));
-    const auto n = static_cast<int64_t>(indices.size());
+    const auto n = static_cast<int64_t>(kept.size());
     TrainingBatch batch;
     batch.latents = at::stack(lat);  // one bucket: every latent has the same shape
     batch.prompt_embeds = at::zeros({n, longest, txt.front().size(1)}, at::kFloat);
@@ -218,7 +240,7 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
         batch.prompt_embeds[i].slice(0, 0, len).copy_(txt[static_cast<size_t>(i)]);
         batch.prompt_mask[i].slice(0, 0, len).fill_(1);
     }
-    batch.indices = indices;
+    batch.indices = std::move(kept);
     return batch;
 }
 

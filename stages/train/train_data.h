@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,9 @@ public:
     static TrainingSet open(const std::vector<storage::Cache>& shards, bool skip_damaged = false);
 
     const std::vector<TrainingSample>& samples() const { return samples_; }
-    // Samples of the manifest left out as damaged (with skip_damaged).
-    int64_t damaged() const { return damaged_; }
+    // Samples left out as damaged (with skip_damaged): those open() found, and those whose latent
+    // or text record load() could not decode.
+    int64_t damaged() const { return damaged_ + static_cast<int64_t>(damaged_in_load_.size()); }
     // bucket -> indices into samples(), buckets in name order.
     const std::map<Bucket, std::vector<int64_t>>& buckets() const { return buckets_; }
     int64_t latent_channels() const { return latent_channels_; }
@@ -64,7 +66,11 @@ public:
     const at::Tensor& empty_prompt() const { return empty_prompt_; }
 
     // Reads and stacks the samples at `indices` (one bucket). With `caption_dropout` > 0, each
-    // caption is replaced by the empty prompt with that probability, drawn from `gen`.
+    // caption is replaced by the empty prompt with that probability, drawn from `gen`. A record
+    // that fails to decode is kCorruption naming it, unless the set was opened with skip_damaged:
+    // then the sample is left out of this and every later batch (counted by damaged()), and a
+    // batch of nothing but damaged samples comes back with no indices (draw the next one).
+    // kCorruption when every sample has turned out damaged.
     TrainingBatch load(const std::vector<int64_t>& indices, double caption_dropout,
                        at::Generator& gen) const;
 
@@ -75,6 +81,10 @@ private:
     std::map<Bucket, std::vector<int64_t>> buckets_;
     int64_t latent_channels_ = 0, text_hidden_ = 0;
     int64_t damaged_ = 0;
+    bool skip_damaged_ = false;
+    // Indices into samples_ found damaged while training: load() is called from the training
+    // loop only, one batch at a time.
+    mutable std::set<int64_t> damaged_in_load_;
     at::Tensor empty_prompt_;
 };
 
