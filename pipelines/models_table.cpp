@@ -6,6 +6,7 @@
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2_config.h"
 #include "model/sana/sana_config.h"
+#include "model/wan/wan_vae_config.h"
 
 namespace sf::pipelines {
 namespace {
@@ -17,14 +18,14 @@ std::string row(const std::string& name, const std::string& kind, int64_t params
         if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
         grouped += digits[i];
     }
-    return fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", name, kind, grouped,
+    return fmt::format("{:<22} {:<38} {:>15} {:>11} {:>11}\n", name, kind, grouped,
                        format_bytes(params * 4), format_bytes(params * 2));
 }
 
 }  // namespace
 
 std::string models_table() {
-    std::string out = fmt::format("{:<22} {:<34} {:>15} {:>11} {:>11}\n", "name", "model",
+    std::string out = fmt::format("{:<22} {:<38} {:>15} {:>11} {:>11}\n", "name", "model",
                                   "parameters", "fp32", "bf16");
     for (const std::string& name : model::SanaTransformerConfig::names()) {
         out += row(name, "SanaTransformer2DModel",
@@ -36,6 +37,13 @@ std::string models_table() {
             row(name, "AutoencoderDC", model::dc_ae_parameter_count(config, /*with_decoder=*/true));
         out += row(name + " (encoder)", "AutoencoderDC encoder (for caching)",
                    model::dc_ae_parameter_count(config, /*with_decoder=*/false));
+    }
+    for (const std::string& name : model::WanVAEConfig::names()) {
+        const auto config = model::WanVAEConfig::named(name);
+        out += row(name, "AutoencoderKLWan (video VAE)",
+                   model::wan_vae_parameter_count(config, /*with_decoder=*/true));
+        out += row(name + " (encoder)", "AutoencoderKLWan encoder (for caching)",
+                   model::wan_vae_parameter_count(config, /*with_decoder=*/false));
     }
     for (const std::string name : {"gemma-2-2b", "gemma-2-tiny"}) {
         out += row(name, "Gemma2Model (text encoder)",

@@ -27,6 +27,11 @@ inline std::string golden_path(const std::string& rel) {
     return (std::filesystem::path(SANAFLOW_TEST_DATA) / "golden" / rel).string();
 }
 
+// SANAFLOW_TEST_DATA/golden-video/<rel>: the upstream video models (Wan VAE, SANA-Video DiT).
+inline std::string golden_video_path(const std::string& rel) {
+    return (std::filesystem::path(SANAFLOW_TEST_DATA) / "golden-video" / rel).string();
+}
+
 // A reference file under golden/refs by file name.
 inline std::string ref_path(const std::string& file) { return golden_path("refs/" + file); }
 
@@ -102,3 +107,11 @@ inline CloseStats expect_close(const at::Tensor& actual, const at::Tensor& expec
 }
 
 }  // namespace sf::test
+
+#define SF_REQUIRE_GOLDEN_VIDEO(rel)                                              \
+    do {                                                                          \
+        if (!std::filesystem::exists(sf::test::golden_video_path(rel))) {         \
+            FAIL() << "golden data missing: " << sf::test::golden_video_path(rel) \
+                   << " (committed under tests/data/golden-video; restore it)";   \
+        }                                                                         \
+    } while (0)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -173,6 +174,28 @@ void ConfigReader::integer_lists(const char* key, std::vector<std::vector<int64_
         fail(key, "a list of lists of integers", *v);
     }
     out = v->get<std::vector<std::vector<int64_t>>>();
+}
+
+void ConfigReader::number_list(const char* key, std::vector<double>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    // nlohmann keeps NaN and inf only when parsing is lenient; refuse them here all the same.
+    if (!v->is_array() || !std::all_of(v->begin(), v->end(), [](const json& e) {
+            return e.is_number() && std::isfinite(e.get<double>());
+        })) {
+        fail(key, "a list of finite numbers", *v);
+    }
+    out = v->get<std::vector<double>>();
+}
+
+void ConfigReader::boolean_list(const char* key, std::vector<bool>& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_array() ||
+        !std::all_of(v->begin(), v->end(), [](const json& e) { return e.is_boolean(); })) {
+        fail(key, "a list of true or false", *v);
+    }
+    out = v->get<std::vector<bool>>();
 }
 
 void ConfigReader::string_list(const char* key, std::vector<std::string>& out) const {

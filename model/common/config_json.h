@@ -64,6 +64,8 @@ public:
     void integer_list(const char* key, std::vector<int64_t>& out) const;
     void integer_lists(const char* key, std::vector<std::vector<int64_t>>& out) const;
     void string_list(const char* key, std::vector<std::string>& out) const;
+    void number_list(const char* key, std::vector<double>& out) const;  // finite numbers
+    void boolean_list(const char* key, std::vector<bool>& out) const;
     // The object under `key`, read with keys named "<key>.<inner key>"; an empty one when absent.
     ConfigReader object(const char* key) const;
 

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/shape.h"
+#include "model/common/tile_blend.h"
 #include "storage/safetensors_file.h"
 
 namespace sf::model {
@@ -55,38 +56,6 @@ void check_tiling(const DCAETiling& t, int64_t ratio) {
                             name, tile, stride, ratio));
         }
     }
-}
-
-// Upstream's blend_v / blend_h, row by row with scalar weights as upstream computes them (so
-// half-precision tiles round as upstream's do): b's first `extent` rows (dim 2) or columns
-// (dim 3) fade from a's last ones to b's own. Writes into b, as upstream does; the tile grid
-// relies on that (the next row blends with the already blended tile).
-void blend(const torch::Tensor& a, torch::Tensor& b, int64_t extent, int64_t dim) {
-    extent = std::min({a.size(dim), b.size(dim), extent});
-    for (int64_t y = 0; y < extent; ++y) {
-        const double w = static_cast<double>(y) / static_cast<double>(extent);
-        auto row = b.select(dim, y);
-        row.copy_(a.select(dim, a.size(dim) - extent + y) * (1.0 - w) + row * w);
-    }
-}
-
-// Upstream's tile grid: tiles[i][j] blended with their upper and left neighbours in place, each
-// cropped to its stride, rows concatenated.
-torch::Tensor assemble(std::vector<std::vector<torch::Tensor>>& tiles, int64_t blend_h,
-                       int64_t blend_w, int64_t keep_h, int64_t keep_w) {
-    std::vector<torch::Tensor> rows;
-    for (size_t i = 0; i < tiles.size(); ++i) {
-        std::vector<torch::Tensor> row;
-        for (size_t j = 0; j < tiles[i].size(); ++j) {
-            auto& tile = tiles[i][j];
-            if (i > 0) blend(tiles[i - 1][j], tile, blend_h, 2);
-            if (j > 0) blend(tiles[i][j - 1], tile, blend_w, 3);
-            row.push_back(
-                tile.slice(2, 0, keep_h).slice(3, 0, keep_w));  // -> [B, C, keep_h, keep_w]
-        }
-        rows.push_back(torch::cat(row, 3));  // tiles side by side: [B, C, keep_h, W']
-    }
-    return torch::cat(rows, 2);  // rows stacked: [B, C, H', W']
 }
 
 }  // namespace
@@ -236,7 +205,7 @@ torch::Tensor AutoencoderDCImpl::encode_tiled(const torch::Tensor& image, const 
     if (tiles != nullptr) *tiles = count;
     const int64_t keep_h = t.stride_height / r, keep_w = t.stride_width / r;
     auto latent =
-        assemble(grid, t.tile_height / r - keep_h, t.tile_width / r - keep_w, keep_h, keep_w);
+        assemble_tiles(grid, t.tile_height / r - keep_h, t.tile_width / r - keep_w, keep_h, keep_w);
     return latent.slice(2, 0, height / r).slice(3, 0, width / r);  // -> [B, L, H / r, W / r]
 }
 
@@ -262,8 +231,8 @@ torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const
         }
     }
     if (tiles != nullptr) *tiles = count;
-    return assemble(grid, t.tile_height - t.stride_height, t.tile_width - t.stride_width,
-                    t.stride_height, t.stride_width);
+    return assemble_tiles(grid, t.tile_height - t.stride_height, t.tile_width - t.stride_width,
+                          t.stride_height, t.stride_width);
 }
 
 LoadReport load_autoencoder_dc_weights(AutoencoderDC& model, const std::string& path,

@@ -206,8 +206,8 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
             log_warn("train: --skip_corrupt: sample {} left out: {}", s.sample_key, e.message());
             damaged_in_load_.insert(i);
             if (damaged_in_load_.size() == samples_.size()) {
-                throw Error::Corruption(
-                    fmt::format("every sample of the cache is damaged (the last: {})", e.message()));
+                throw Error::Corruption(fmt::format(
+                    "every sample of the cache is damaged (the last: {})", e.message()));
             }
             continue;
         }

@@ -24,8 +24,8 @@ inline std::string_view as_text(const uint8_t* data, size_t size) {
 // (/dev/shm) where there is one: a file is written for every input.
 inline const std::string& scratch_dir() {
     static const std::string dir = [] {
-        std::string pattern =
-            ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/sanaflow_fuzz_XXXXXX" : "/tmp/sanaflow_fuzz_XXXXXX";
+        std::string pattern = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/sanaflow_fuzz_XXXXXX"
+                                                              : "/tmp/sanaflow_fuzz_XXXXXX";
         if (::mkdtemp(pattern.data()) == nullptr) std::abort();
         return pattern;
     }();
