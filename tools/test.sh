@@ -5,7 +5,7 @@
 #                                every test of build/ (Debian's LibTorch 1.13)
 #   bash tools/test.sh --torch2  runs every test of build-torch2/ (PyPI's CUDA LibTorch 2.x) on the
 #                                CPU; the gpu tests skip, saying so, without a device
-#   bash tools/test.sh --asan    builds the storage, graph and image-stage unit tests with ASan and
+#   bash tools/test.sh --asan    builds the storage, graph and stages unit tests with ASan and
 #                                UBSan (build-asan/) and runs them
 #   bash tools/test.sh --fuzz    builds the fuzzers (tools/fuzz/) and runs each for
 #                                SANAFLOW_FUZZ_SECONDS (default 15)
@@ -14,10 +14,10 @@ cd "$(dirname "$0")/.."
 dir=build
 if [ "${1:-}" = "--asan" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSANAFLOW_SANITIZE=ON >/dev/null
-  cmake --build build-asan -j"$(nproc)" --target storage_tests graph_tests stages_image_tests
+  cmake --build build-asan -j"$(nproc)" --target storage_tests graph_tests stages_tests
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-  for t in storage graph stages_image; do
+  for t in storage graph stages; do
     echo "asan: ${t}_tests"
     build-asan/tests/${t}_tests --gtest_color=no --gtest_brief=1
   done
