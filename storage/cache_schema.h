@@ -42,10 +42,13 @@ constexpr size_t kMaxCaptionBytes = 64 * 1024;
 constexpr const char* kDecodeImageStage = "decode_image";
 constexpr const char* kEncodeTextStage = "encode_text";
 constexpr const char* kEncodeVAEStage = "encode_vae";
-constexpr const char* kPrepStage = "prep";  // the manifest
+constexpr const char* kDecodeVideoStage = "decode_video";
+constexpr const char* kEncodeVideoVAEStage = "encode_video_vae";  // the Wan VAE, videos and images
+constexpr const char* kPrepStage = "prep";                        // the manifest
 
 // --- Tensor names ------------------------------------------------------------------------------
-constexpr const char* kLatent = "latent";  // latents: [C, h, w] (scaled), dtype of the VAE
+// latents: [C, h, w] (DC-AE: scaled) or [C, f, h, w] (Wan VAE: normalised), dtype of the VAE
+constexpr const char* kLatent = "latent";
 constexpr const char* kPromptEmbeds = "prompt_embeds";  // text: [tokens, hidden], valid tokens only
 constexpr const char* kOriginalSize = "original_size";  // samples: int32 [2] = (height, width)
 constexpr const char* kBucketSize = "bucket_size";      // samples: int32 [2] = (height, width)
@@ -59,6 +62,11 @@ constexpr const char* kFrames = "frames";            // video frame window, "sta
 constexpr const char* kDType = "dtype";              // dtype the stage computed in
 constexpr const char* kStage = "stage";              // stage that wrote the record
 constexpr const char* kFingerprint = "fingerprint";  // fingerprint_hash() of that stage
+// Latent records: what the stored latent is of the VAE's output, kLatentScaled (DC-AE: times its
+// scaling factor) or kLatentNormalizedMean (Wan: (posterior mean - latents_mean) / latents_std).
+constexpr const char* kLatentForm = "latent_form";
+constexpr const char* kLatentScaled = "scaled";
+constexpr const char* kLatentNormalizedMean = "normalized_mean";
 // Sample records:
 constexpr const char* kCaption = "caption";
 constexpr const char* kBucketRatio = "bucket_ratio";  // the bucket table's aspect-ratio key

@@ -60,7 +60,8 @@ void check_golden(const std::string& file, const std::string& tag) {
                            tag + " latent_normalized");
     // Decoded from upstream's mean, so the decoder is checked on its own.
     sf::test::expect_close(vae->decode(r.at("latent_mean"), /*clamp=*/false),
-                           r.at("decoded_unclamped"), 0.0, kDecodedAtol, tag + " decoded_unclamped");
+                           r.at("decoded_unclamped"), 0.0, kDecodedAtol,
+                           tag + " decoded_unclamped");
     sf::test::expect_close(vae->decode(r.at("latent_mean")), r.at("decoded"), 0.0, kDecodedAtol,
                            tag + " decoded");
 }
@@ -81,7 +82,8 @@ TEST(WanVAEGolden, NormalisationRoundTripsAndUsesTheConfigLists) {
     auto r = sf::test::load_ref(ref("vae_wan_encode_decode.safetensors"));
     const auto& c = vae->config();
     for (int64_t i = 0; i < c.z_dim; ++i) {
-        EXPECT_FLOAT_EQ(r.at("latents_mean")[i].item<float>(), static_cast<float>(c.latents_mean[i]));
+        EXPECT_FLOAT_EQ(r.at("latents_mean")[i].item<float>(),
+                        static_cast<float>(c.latents_mean[i]));
         EXPECT_FLOAT_EQ(r.at("latents_std")[i].item<float>(), static_cast<float>(c.latents_std[i]));
     }
     const auto back = vae->denormalize_latent(vae->normalize_latent(r.at("latent_mean")));
@@ -205,8 +207,7 @@ TEST(WanVAEConfig, BadConfigsNameTheKey) {
     };
     expect_invalid([&] { WanVAEConfig::from_json_text(with("attn_scales", "[0.5]"), "v.json"); },
                    {"v.json", "attn_scales"});
-    expect_invalid([&] { WanVAEConfig::from_json_text(with("is_residual", "true")); },
-                   {"Wan2.2"});
+    expect_invalid([&] { WanVAEConfig::from_json_text(with("is_residual", "true")); }, {"Wan2.2"});
     expect_invalid([&] { WanVAEConfig::from_json_text(with("latents_std", "[1, 2]")); },
                    {"latents_std", "z_dim = 8"});
     expect_invalid([&] { WanVAEConfig::from_json_text(with("temperal_downsample", "[true]")); },

@@ -224,7 +224,8 @@ torch::Tensor WanEncodeSession::push(const torch::Tensor& frames) {
         pending_.push_back(frames.slice(2, t, t + 1));
         ++frames_pushed_;
         // Chunks as upstream cuts them: frame 0 alone, then temporal-ratio frames each.
-        const auto want = static_cast<size_t>(latent_frames_ == 0 ? 1 : c.temporal_compression_ratio());
+        const auto want =
+            static_cast<size_t>(latent_frames_ == 0 ? 1 : c.temporal_compression_ratio());
         if (pending_.size() < want) continue;
         torch::Tensor chunk = torch::cat(pending_, 2);  // [B, C, want, H, W]
         pending_.clear();

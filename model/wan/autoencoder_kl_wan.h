@@ -105,7 +105,7 @@ public:
     WanEncoder3d encoder{nullptr};
     wan::CausalConv3d quant_conv{nullptr};
     wan::CausalConv3d post_quant_conv{nullptr};  // with the decoder only
-    WanDecoder3d decoder{nullptr};                // empty when built without it
+    WanDecoder3d decoder{nullptr};               // empty when built without it
 
 private:
     torch::Tensor channel_stats(const std::vector<double>& v, const torch::Tensor& like) const;

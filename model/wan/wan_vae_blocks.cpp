@@ -21,8 +21,8 @@ torch::Tensor last_frames(const torch::Tensor& x, int64_t n) {
 
 // [B, C, T, H, W] <-> [B T, C, H, W]: the per-frame 2-D layers.
 torch::Tensor frames_as_batch(const torch::Tensor& x) {
-    return x.permute({0, 2, 1, 3, 4}).reshape({x.size(0) * x.size(2), x.size(1), x.size(3),
-                                               x.size(4)});
+    return x.permute({0, 2, 1, 3, 4})
+        .reshape({x.size(0) * x.size(2), x.size(1), x.size(3), x.size(4)});
 }
 torch::Tensor batch_as_frames(const torch::Tensor& x, int64_t b) {
     return x.view({b, x.size(0) / b, x.size(1), x.size(2), x.size(3)}).permute({0, 2, 1, 3, 4});
@@ -84,8 +84,8 @@ torch::Tensor CausalConv3dImpl::forward_cached(const torch::Tensor& x, CausalCac
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, bool images) : scale_(std::sqrt(static_cast<double>(dim))) {
-    gamma = register_parameter("gamma", images ? torch::ones({dim, 1, 1})
-                                               : torch::ones({dim, 1, 1, 1}));
+    gamma = register_parameter("gamma",
+                               images ? torch::ones({dim, 1, 1}) : torch::ones({dim, 1, 1, 1}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
@@ -96,16 +96,16 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 ResidualBlockImpl::ResidualBlockImpl(int64_t in, int64_t out) {
     norm1 = register_module("norm1", RMSNorm(in, false));
-    conv1 = register_module("conv1", CausalConv3d(in, out, std::array<int64_t, 3>{3, 3, 3},
-                                                  std::array<int64_t, 3>{1, 1, 1},
-                                                  std::array<int64_t, 3>{1, 1, 1}));
+    conv1 = register_module(
+        "conv1", CausalConv3d(in, out, std::array<int64_t, 3>{3, 3, 3},
+                              std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{1, 1, 1}));
     norm2 = register_module("norm2", RMSNorm(out, false));
-    conv2 = register_module("conv2", CausalConv3d(out, out, std::array<int64_t, 3>{3, 3, 3},
-                                                  std::array<int64_t, 3>{1, 1, 1},
-                                                  std::array<int64_t, 3>{1, 1, 1}));
+    conv2 = register_module(
+        "conv2", CausalConv3d(out, out, std::array<int64_t, 3>{3, 3, 3},
+                              std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{1, 1, 1}));
     if (in != out) {
-        conv_shortcut =
-            register_module("conv_shortcut", CausalConv3d(in, out, std::array<int64_t, 3>{1, 1, 1}));
+        conv_shortcut = register_module("conv_shortcut",
+                                        CausalConv3d(in, out, std::array<int64_t, 3>{1, 1, 1}));
     }
 }
 
@@ -120,7 +120,8 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x, CausalCache* ca
 
 AttentionBlockImpl::AttentionBlockImpl(int64_t dim) {
     norm = register_module("norm", RMSNorm(dim, true));
-    to_qkv = register_module("to_qkv", torch::nn::Conv2d(torch::nn::Conv2dOptions(dim, 3 * dim, 1)));
+    to_qkv =
+        register_module("to_qkv", torch::nn::Conv2d(torch::nn::Conv2dOptions(dim, 3 * dim, 1)));
     proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(dim, dim, 1)));
 }
 
@@ -162,14 +163,14 @@ ResampleImpl::ResampleImpl(int64_t dim, ResampleMode mode, int64_t out_dim) : mo
     resample->push_back(torch::nn::Identity());  // upstream's WanUpsample / ZeroPad2d
     resample->push_back(conv_);
     if (mode == ResampleMode::kUpsample3d) {
-        time_conv = register_module("time_conv", CausalConv3d(dim, 2 * dim,
-                                                              std::array<int64_t, 3>{3, 1, 1},
-                                                              std::array<int64_t, 3>{1, 1, 1},
-                                                              std::array<int64_t, 3>{1, 0, 0}));
+        time_conv =
+            register_module("time_conv", CausalConv3d(dim, 2 * dim, std::array<int64_t, 3>{3, 1, 1},
+                                                      std::array<int64_t, 3>{1, 1, 1},
+                                                      std::array<int64_t, 3>{1, 0, 0}));
     } else if (mode == ResampleMode::kDownsample3d) {
-        time_conv = register_module(
-            "time_conv", CausalConv3d(dim, dim, std::array<int64_t, 3>{3, 1, 1},
-                                      std::array<int64_t, 3>{2, 1, 1}));
+        time_conv =
+            register_module("time_conv", CausalConv3d(dim, dim, std::array<int64_t, 3>{3, 1, 1},
+                                                      std::array<int64_t, 3>{2, 1, 1}));
     }
 }
 
@@ -218,7 +219,8 @@ torch::Tensor ResampleImpl::time_down(const torch::Tensor& x, CausalCache::Slot&
 }
 
 torch::Tensor ResampleImpl::forward(const torch::Tensor& x, CausalCache* cache) {
-    const bool temporal = mode_ == ResampleMode::kUpsample3d || mode_ == ResampleMode::kDownsample3d;
+    const bool temporal =
+        mode_ == ResampleMode::kUpsample3d || mode_ == ResampleMode::kDownsample3d;
     SF_CHECK(!temporal || cache != nullptr, "a Wan time resampler needs the causal cache");
     torch::Tensor y = x;
     if (mode_ == ResampleMode::kUpsample3d) y = time_up(y, cache->next_slot());

@@ -122,8 +122,9 @@ void WanVAEConfig::validate(const std::string& source) const {
     // the channels): the widths must stay even.
     for (size_t i = 0; i + 1 < dim_mult.size(); ++i) {
         if ((decoder_dim() * dim_mult[dim_mult.size() - 1 - i]) % 2 != 0) {
-            fail(source, "decoder widths must be even (each upsampler halves them): `base_dim` or "
-                         "`decoder_base_dim` is odd");
+            fail(source,
+                 "decoder widths must be even (each upsampler halves them): `base_dim` or "
+                 "`decoder_base_dim` is odd");
         }
     }
     if (scale_factor_spatial != spatial_compression_ratio() ||
@@ -159,7 +160,8 @@ WanVAEConfig WanVAEConfig::from_json(const json& j, const std::string& source) {
         c.scale_factor_spatial = c.spatial_compression_ratio();
         c.scale_factor_temporal = c.temporal_compression_ratio();
     }
-    if (r.has_value("scale_factor_spatial")) r.integer("scale_factor_spatial", c.scale_factor_spatial);
+    if (r.has_value("scale_factor_spatial"))
+        r.integer("scale_factor_spatial", c.scale_factor_spatial);
     if (r.has_value("scale_factor_temporal")) {
         r.integer("scale_factor_temporal", c.scale_factor_temporal);
     }
@@ -210,8 +212,8 @@ WanVAEConfig WanVAEConfig::named(const std::string& name) {
         c.latents_std.resize(8);
         return c;
     }
-    throw Error::InvalidArgument(fmt::format("no built-in Wan VAE config '{}' (have: {})", name,
-                                             fmt::join(names(), ", ")));
+    throw Error::InvalidArgument(
+        fmt::format("no built-in Wan VAE config '{}' (have: {})", name, fmt::join(names(), ", ")));
 }
 
 std::vector<std::string> WanVAEConfig::names() { return {"wan2.1-vae", "wan-vae-tiny"}; }

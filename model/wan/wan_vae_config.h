@@ -28,7 +28,7 @@ struct WanVAEConfig {
     std::vector<bool> temperal_downsample = {false, true, true};
     double dropout = 0.0;  // training only; encoding runs in eval mode
     // Per-channel statistics the pipelines normalise the posterior mean with (z_dim each).
-    std::vector<double> latents_mean = {-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653,
+    std::vector<double> latents_mean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,
                                         -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
                                         -0.1922, -0.9497, 0.2503,  -0.2921};
     std::vector<double> latents_std = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708,

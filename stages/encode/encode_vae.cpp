@@ -108,6 +108,7 @@ storage::Record EncodeVAEStage::record(const at::Tensor& latent, const std::stri
     r.metadata[schema::kBucket] = bucket.name();
     r.metadata[schema::kDType] = dtype_tag(latent.scalar_type());
     r.metadata[schema::kStage] = kStage;
+    r.metadata[schema::kLatentForm] = schema::kLatentScaled;
     r.metadata[schema::kFingerprint] = fingerprint_hash_;
     return r;
 }
