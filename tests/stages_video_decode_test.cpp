@@ -314,7 +314,7 @@ TEST_F(VideoClips, OddSizesKeepColourToTheEdges) {
 
 // Where the red marker (top-left of the stored picture) lies, as fractions of width and height.
 std::pair<double, double> red_centroid_chw(const at::Tensor& rgb) {
-    const at::Tensor red = (rgb[0].to(at::kInt) > 160) & (rgb[2].to(at::kInt) < 100);
+    const at::Tensor red = rgb[0].to(at::kInt).gt(160).logical_and(rgb[2].to(at::kInt).lt(100));
     const at::Tensor where = red.nonzero().to(at::kDouble);  // [n, 2]: (y, x)
     EXPECT_GT(where.size(0), 0);
     return {where.select(1, 1).mean().item<double>() / rgb.size(2),

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <system_error>
@@ -482,8 +483,7 @@ void FrameConverter::scale_into_scratch(const AVFrame* frame, int target_h, int 
     // does with OpenCV. Accurate rounding and full chroma interpolation: no half-pixel chroma
     // shift and no +-1 level dither between runs.
     const bool shrinking = crop.width >= target_w && crop.height >= target_h;
-    const int flags = (shrinking ? SWS_AREA : SWS_BICUBIC) | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT |
-                      SWS_FULL_CHR_H_INP;
+    const int flags = (shrinking ? SWS_AREA : SWS_BICUBIC) | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT;
     scale_.reset(sws_getCachedContext(scale_.release(), crop.width, crop.height, format, target_w,
                                       target_h, AV_PIX_FMT_GBRP, flags, nullptr, nullptr, nullptr));
     if (!scale_) reject(name_, std::string("unsupported pixel format ") + desc->name);
