@@ -551,6 +551,7 @@ public:
     bool nearer_first(int64_t i, int64_t p, int64_t q) const { return 2 * i * a_ <= Wide{p + q} * b_; }
     bool before(int64_t i, int64_t ticks) const { return i * a_ < ticks * b_; }      // T_i < t
     bool at_or_before(int64_t i, int64_t ticks) const { return i * a_ <= ticks * b_; }  // T_i <= t
+    bool after(int64_t ticks, int64_t i) const { return ticks * b_ > i * a_; }  // t > T_i
     int64_t ticks_floor(int64_t i) const { return static_cast<int64_t>(i * a_ / b_); }
 
 private:
@@ -615,7 +616,7 @@ PassOutcome decode_pass(const std::string& path, const DecodeVideoConfig& config
             checking_seek = false;
             // The frame nearest T_first is this one or a later one only if this one is not
             // after T_first; otherwise the seek went too far and the frame before is unknown.
-            if (!clock.at_or_before(first, pts) && pts > 0) {
+            if (clock.after(pts, first)) {
                 out.retry_from_start = true;
                 return out;
             }
