@@ -4,9 +4,8 @@
 // frames of a decode from the start; the stage never holds more than a frame or two.
 #if defined(SANAFLOW_WITH_MEDIA)
 
-#include <gtest/gtest.h>
-
 #include <ATen/ops/empty.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
@@ -104,8 +103,8 @@ Collected decode_all(const DecodeVideoStage& stage, const std::string& path,
 std::vector<int> chosen_sources(const DecodeVideoStage& stage, const std::string& path,
                                 int64_t count, DecodeVideoResult* result = nullptr) {
     std::vector<int> sources;
-    const DecodeVideoResult r = stage.decode(
-        path, {{0, count}}, [&](size_t, int64_t k, const at::Tensor& rgb) {
+    const DecodeVideoResult r =
+        stage.decode(path, {{0, count}}, [&](size_t, int64_t k, const at::Tensor& rgb) {
             EXPECT_EQ(k, static_cast<int64_t>(sources.size()));
             sources.push_back(source_frame(rgb));
         });
@@ -206,6 +205,12 @@ TEST_F(VideoClips, EveryCodecDecodesEveryFrameAtTheBucketSize) {
         for (int64_t k = 0; k < 25; ++k) {
             EXPECT_TRUE(got.frames.at({48, k}).equal(got.frames.at({size_t(k), 0}))) << name;
         }
+        // A window past the clip's real end is reported as not produced, and the clip is whole.
+        const Collected past = decode_all(stage, path, {{40, 5}, {45, 5}});
+        EXPECT_TRUE(past.result.completed[0]) << name;
+        EXPECT_FALSE(past.result.completed[1]) << name;
+        EXPECT_EQ(past.result.frames_reached, 48) << name;
+        EXPECT_FALSE(past.result.truncated) << past.result.truncation_reason;
         // testsrc moves: consecutive frames differ.
         EXPECT_FALSE(got.frames.at({0, 0}).equal(got.frames.at({1, 0}))) << name;
     }
@@ -214,9 +219,9 @@ TEST_F(VideoClips, EveryCodecDecodesEveryFrameAtTheBucketSize) {
 TEST_F(VideoClips, FramesAreChosenByNearestTimestamp) {
     const std::string ten = numbered("ten.mkv", 10, 20);  // source frame N at N / 10 s
     // At the source rate every frame once (the 1 ms Matroska time base is exact at 10 fps).
-    EXPECT_EQ(chosen_sources(DecodeVideoStage(video_config()), ten, 20),
-              (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
-                                19}));
+    EXPECT_EQ(
+        chosen_sources(DecodeVideoStage(video_config()), ten, 20),
+        (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
     // Up to 24 fps: output i at i / 24 s takes the nearest N = i * 10 / 24, the earlier one on a
     // tie (i = 6: 2.5 -> 2); the last frame lasts until 2 s, so 48 frames.
     DecodeVideoResult result;
@@ -333,9 +338,9 @@ TEST_F(VideoClips, DisplayRotationIsAppliedAsFFmpegDoes) {
              "drawbox=x=0:y=0:w=16:h=12:color=red:t=fill -t 1 -c:v libx264 -pix_fmt yuv420p");
     const DecodeVideoStage stage(video_config());
     for (int tag : {90, 180, 270}) {
-        const std::string path = clip("rotate" + std::to_string(tag) + ".mp4",
-                                      "-i " + plain + " -c copy -metadata:s:v rotate=" +
-                                          std::to_string(tag));
+        const std::string path =
+            clip("rotate" + std::to_string(tag) + ".mp4",
+                 "-i " + plain + " -c copy -metadata:s:v rotate=" + std::to_string(tag));
         const ClipInfo info = stage.probe(path);
         const bool transposed = info.rotation == 90 || info.rotation == 270;
         EXPECT_EQ(info.width, transposed ? 48 : 64) << tag;
@@ -428,8 +433,9 @@ TEST_F(VideoClips, BadFilesAreRejectedNamingTheFileAndTheReason) {
     DecodeVideoConfig c = video_config();
     c.max_pixels = 64 * 48 - 1;
     EXPECT_EQ(reject_reason(DecodeVideoStage(c), video),
-              video + ": declared dimensions 64x48 exceed the limit of 3071 pixels "
-                      "(decompression bomb?)");
+              video +
+                  ": declared dimensions 64x48 exceed the limit of 3071 pixels "
+                  "(decompression bomb?)");
     c = video_config();
     c.min_side = 50;
     EXPECT_EQ(reject_reason(DecodeVideoStage(c), video),
@@ -439,8 +445,7 @@ TEST_F(VideoClips, BadFilesAreRejectedNamingTheFileAndTheReason) {
     EXPECT_NE(reject_reason(DecodeVideoStage(c), video).find("(max_file_bytes)"),
               std::string::npos);
     // decode() rejects the same way.
-    EXPECT_THROW(stage.decode(noise, {{0, 1}}, [](size_t, int64_t, const at::Tensor&) {}),
-                 Reject);
+    EXPECT_THROW(stage.decode(noise, {{0, 1}}, [](size_t, int64_t, const at::Tensor&) {}), Reject);
 }
 
 TEST_F(VideoClips, SeekingGivesTheFramesOfADecodeFromTheStart) {
@@ -472,10 +477,11 @@ TEST_F(VideoClips, SeekingGivesTheFramesOfADecodeFromTheStart) {
     // A numbered clip names the frames: the sought window starts exactly at source frame 21.
     const std::string ten = numbered("ten-long.mp4", 10, 30, "-movflags +faststart");
     std::vector<int> sources;
-    const DecodeVideoResult r = DecodeVideoStage(video_config()).decode(
-        ten, {{21, 5}}, [&](size_t, int64_t, const at::Tensor& rgb) {
-            sources.push_back(source_frame(rgb));
-        });
+    const DecodeVideoResult r =
+        DecodeVideoStage(video_config())
+            .decode(ten, {{21, 5}}, [&](size_t, int64_t, const at::Tensor& rgb) {
+                sources.push_back(source_frame(rgb));
+            });
     EXPECT_TRUE(r.seeked);
     EXPECT_EQ(sources, (std::vector<int>{21, 22, 23, 24, 25}));
 }
@@ -523,11 +529,11 @@ TEST_F(VideoClips, MemoryStaysAtAFrameOrTwoWhateverTheClipLength) {
     const int64_t frame_bytes = 3 * 576 * 416;
     const int64_t before = mem::cpu_stats().current;
     int64_t most = 0, calls = 0;
-    const DecodeVideoResult r = stage.decode(path, windows, [&](size_t, int64_t,
-                                                                const at::Tensor&) {
-        most = std::max(most, mem::cpu_stats().current - before);
-        ++calls;
-    });
+    const DecodeVideoResult r =
+        stage.decode(path, windows, [&](size_t, int64_t, const at::Tensor&) {
+            most = std::max(most, mem::cpu_stats().current - before);
+            ++calls;
+        });
     EXPECT_EQ(calls, 129);
     EXPECT_TRUE(r.completed[0]);
     EXPECT_LE(most, 2 * frame_bytes) << "tensor bytes live in the callback";

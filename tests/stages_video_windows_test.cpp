@@ -93,8 +93,9 @@ TEST(VideoWindows, ChunkCutsConsecutiveWindowsAndDropsThePartialTail) {
     EXPECT_EQ(text(plan(75, c)), "(0,25)(25,25)(50,25)");
     EXPECT_EQ(text(plan(24, c)), "");
     const auto two = windows_config(FrameExtraction::kChunk, {5, 1});
-    EXPECT_EQ(text(plan(11, two)), "(0,1)(1,1)(2,1)(3,1)(4,1)(5,1)(6,1)(7,1)(8,1)(9,1)(10,1)"
-                                   "(0,5)(5,5)");
+    EXPECT_EQ(text(plan(11, two)),
+              "(0,1)(1,1)(2,1)(3,1)(4,1)(5,1)(6,1)(7,1)(8,1)(9,1)(10,1)"
+              "(0,5)(5,5)");
 }
 
 TEST(VideoWindows, SlideStartsAWindowEveryStride) {
@@ -210,8 +211,7 @@ TEST(VideoWindows, VideoBucketIsTheImageBucketWithTheWindowLength) {
     EXPECT_EQ(portrait.height, 1344);
     EXPECT_EQ(portrait.width, 768);
     EXPECT_EQ(portrait.frames, 81);
-    test::expect_error([] { video_bucket(640, 10, 10, 1); }, ErrorCode::kInvalidArgument,
-                       "640");
+    test::expect_error([] { video_bucket(640, 10, 10, 1); }, ErrorCode::kInvalidArgument, "640");
 }
 
 }  // namespace

@@ -60,15 +60,14 @@ int64_t frame_duration(const AVFrame* frame) {
 
 const int32_t* display_matrix(const AVStream* stream) {
 #if LIBAVCODEC_VERSION_INT >= AV_VERSION_INT(60, 31, 102)
-    const AVPacketSideData* side = av_packet_side_data_get(stream->codecpar->coded_side_data,
-                                                           stream->codecpar->nb_coded_side_data,
-                                                           AV_PKT_DATA_DISPLAYMATRIX);
+    const AVPacketSideData* side =
+        av_packet_side_data_get(stream->codecpar->coded_side_data,
+                                stream->codecpar->nb_coded_side_data, AV_PKT_DATA_DISPLAYMATRIX);
     if (side == nullptr || side->size < 9 * sizeof(int32_t)) return nullptr;
     return reinterpret_cast<const int32_t*>(side->data);
 #else
     size_t size = 0;
-    const uint8_t* data =
-        av_stream_get_side_data(stream, AV_PKT_DATA_DISPLAYMATRIX, &size);
+    const uint8_t* data = av_stream_get_side_data(stream, AV_PKT_DATA_DISPLAYMATRIX, &size);
     if (data == nullptr || size < 9 * sizeof(int32_t)) return nullptr;
     return reinterpret_cast<const int32_t*>(data);
 #endif
@@ -124,7 +123,6 @@ public:
     AVRational time_base() const { return stream_->time_base; }
     // The stream's first timestamp, or AV_NOPTS_VALUE when the container does not say.
     int64_t origin() const { return stream_->start_time; }
-    int64_t duration_ticks() const { return duration_ticks_; }
 
     // The next decoded frame (in frame()), the end of the stream, or a break (reason()).
     Status next();
@@ -155,8 +153,7 @@ private:
     ClipInfo info_;
 };
 
-ClipReader::ClipReader(const std::string& path, const DecodeVideoConfig& config,
-                       bool open_decoder)
+ClipReader::ClipReader(const std::string& path, const DecodeVideoConfig& config, bool open_decoder)
     : name_(path) {
     open_container(path, config);
     choose_stream();
@@ -204,15 +201,15 @@ void ClipReader::open_container(const std::string& path, const DecodeVideoConfig
     format_.reset(raw);
     const int found = avformat_find_stream_info(format_.get(), nullptr);
     if (found < 0) {
-        reject(name_, "truncated or corrupt video (no stream information: " +
-                          av_error_text(found) + ")");
+        reject(name_,
+               "truncated or corrupt video (no stream information: " + av_error_text(found) + ")");
     }
 }
 
 void ClipReader::choose_stream() {
     const AVCodec* best_decoder = nullptr;
-    const int best = av_find_best_stream(format_.get(), AVMEDIA_TYPE_VIDEO, -1, -1,
-                                         &best_decoder, 0);
+    const int best =
+        av_find_best_stream(format_.get(), AVMEDIA_TYPE_VIDEO, -1, -1, &best_decoder, 0);
     // A cover picture (an MP3's or M4A's artwork) is a one-frame "video" stream: not a clip.
     auto usable = [this](unsigned i) {
         const AVStream* s = format_->streams[i];
@@ -249,15 +246,16 @@ void ClipReader::choose_stream() {
 void ClipReader::read_geometry_and_timing(const DecodeVideoConfig& config) {
     const AVCodecParameters* par = stream_->codecpar;
     const int64_t width = par->width, height = par->height;
-    auto size_text = [](int64_t w, int64_t h) { return std::to_string(w) + "x" + std::to_string(h); };
+    auto size_text = [](int64_t w, int64_t h) {
+        return std::to_string(w) + "x" + std::to_string(h);
+    };
     if (width <= 0 || height <= 0) {
-        reject(name_, "truncated or corrupt video (the stream declares " +
-                          size_text(width, height) + ")");
+        reject(name_,
+               "truncated or corrupt video (the stream declares " + size_text(width, height) + ")");
     }
     if (width > config.max_pixels / height) {
-        reject(name_, "declared dimensions " + size_text(width, height) +
-                          " exceed the limit of " + std::to_string(config.max_pixels) +
-                          " pixels (decompression bomb?)");
+        reject(name_, "declared dimensions " + size_text(width, height) + " exceed the limit of " +
+                          std::to_string(config.max_pixels) + " pixels (decompression bomb?)");
     }
     info_.coded_width = static_cast<int>(width);
     info_.coded_height = static_cast<int>(height);
@@ -286,7 +284,8 @@ void ClipReader::read_geometry_and_timing(const DecodeVideoConfig& config) {
     info_.fps_den = out.den;
 
     const AVRational tb = stream_->time_base;
-    info_.start_time_s = stream_->start_time == AV_NOPTS_VALUE ? 0 : stream_->start_time * av_q2d(tb);
+    info_.start_time_s =
+        stream_->start_time == AV_NOPTS_VALUE ? 0 : stream_->start_time * av_q2d(tb);
     stream_declares_duration_ = stream_->duration != AV_NOPTS_VALUE && stream_->duration > 0;
     if (stream_declares_duration_) {
         duration_ticks_ = stream_->duration;
@@ -313,7 +312,8 @@ int64_t ClipReader::scan_end_ticks() {
     for (int read = 0; read < 20000 && av_read_frame(format_.get(), packet.get()) >= 0; ++read) {
         if (packet->stream_index == stream_->index) {
             const int64_t ts = packet->pts != AV_NOPTS_VALUE ? packet->pts : packet->dts;
-            if (ts != AV_NOPTS_VALUE) end = std::max(end, ts + std::max<int64_t>(0, packet->duration));
+            if (ts != AV_NOPTS_VALUE)
+                end = std::max(end, ts + std::max<int64_t>(0, packet->duration));
         }
         av_packet_unref(packet.get());
     }
@@ -332,7 +332,8 @@ void ClipReader::open_codec(const DecodeVideoConfig& config) {
     codec_->thread_count = config.threads;
     const int opened = avcodec_open2(codec_.get(), decoder_, nullptr);
     if (opened < 0) {
-        reject(name_, "cannot open the " + info_.codec + " decoder (" + av_error_text(opened) + ")");
+        reject(name_,
+               "cannot open the " + info_.codec + " decoder (" + av_error_text(opened) + ")");
     }
 }
 
@@ -417,8 +418,8 @@ private:
 
 // Source cropping moves the data pointers; that needs whole bytes per pixel and no palette.
 bool croppable(const AVPixFmtDescriptor* desc) {
-    return (desc->flags & (AV_PIX_FMT_FLAG_BITSTREAM | AV_PIX_FMT_FLAG_PAL |
-                           AV_PIX_FMT_FLAG_HWACCEL)) == 0;
+    return (desc->flags &
+            (AV_PIX_FMT_FLAG_BITSTREAM | AV_PIX_FMT_FLAG_PAL | AV_PIX_FMT_FLAG_HWACCEL)) == 0;
 }
 
 AVFramePtr alloc_frame(AVPixelFormat format, int width, int height) {
@@ -475,7 +476,8 @@ void FrameConverter::scale_into_scratch(const AVFrame* frame, int target_h, int 
             shift_h = chroma ? desc->log2_chroma_h : 0;
             break;
         }
-        source[plane] = frame->data[plane] + static_cast<ptrdiff_t>(y >> shift_h) * frame->linesize[plane] +
+        source[plane] = frame->data[plane] +
+                        static_cast<ptrdiff_t>(y >> shift_h) * frame->linesize[plane] +
                         static_cast<ptrdiff_t>(x >> shift_w) * step;
         source_lines[plane] = frame->linesize[plane];
     }
@@ -524,9 +526,10 @@ at::Tensor FrameConverter::convert(const AVFrame* frame) {
     for (int channel = 0; channel < 3; ++channel) {
         const int plane = rgb_plane_of[channel];
         for (int row = 0; row < target_h; ++row) {
-            std::memcpy(out + channel * plane_bytes + int64_t{row} * target_w,
-                        scratch_->data[plane] + static_cast<ptrdiff_t>(row) * scratch_->linesize[plane],
-                        static_cast<size_t>(target_w));
+            std::memcpy(
+                out + channel * plane_bytes + int64_t{row} * target_w,
+                scratch_->data[plane] + static_cast<ptrdiff_t>(row) * scratch_->linesize[plane],
+                static_cast<size_t>(target_w));
         }
     }
     switch (info_.rotation) {
@@ -541,17 +544,18 @@ at::Tensor FrameConverter::convert(const AVFrame* frame) {
     }
 }
 
-
 // Output frame i is at time i / fps; in stream ticks T_i = i * a / b. All comparisons are exact.
 class OutputClock {
 public:
     OutputClock(const ClipInfo& info, AVRational tb)
         : a_(Wide{info.fps_den} * tb.den), b_(Wide{info.fps_num} * tb.num) {}
     // T_i is at least as near p as q (p < q): ties go to the earlier frame.
-    bool nearer_first(int64_t i, int64_t p, int64_t q) const { return 2 * i * a_ <= Wide{p + q} * b_; }
-    bool before(int64_t i, int64_t ticks) const { return i * a_ < ticks * b_; }      // T_i < t
+    bool nearer_first(int64_t i, int64_t p, int64_t q) const {
+        return 2 * i * a_ <= Wide{p + q} * b_;
+    }
+    bool before(int64_t i, int64_t ticks) const { return i * a_ < ticks * b_; }         // T_i < t
     bool at_or_before(int64_t i, int64_t ticks) const { return i * a_ <= ticks * b_; }  // T_i <= t
-    bool after(int64_t ticks, int64_t i) const { return ticks * b_ > i * a_; }  // t > T_i
+    bool after(int64_t ticks, int64_t i) const { return ticks * b_ > i * a_; }          // t > T_i
     int64_t ticks_floor(int64_t i) const { return static_cast<int64_t>(i * a_ / b_); }
 
 private:
@@ -627,7 +631,8 @@ PassOutcome decode_pass(const std::string& path, const DecodeVideoConfig& config
             continue;
         }
         if (holding) {
-            while (out.next < stop && clock.nearer_first(out.next, held_pts, pts)) deliver(out.next++);
+            while (out.next < stop && clock.nearer_first(out.next, held_pts, pts))
+                deliver(out.next++);
         }
         av_frame_unref(held.get());
         av_frame_move_ref(held.get(), frame);
@@ -644,8 +649,8 @@ PassOutcome decode_pass(const std::string& path, const DecodeVideoConfig& config
             // The last frame lasts its own duration, else one frame at the average rate.
             int64_t duration = frame_duration(held.get());
             if (duration <= 0 && info.source_fps_num > 0) {
-                duration = av_rescale_q(1, {info.source_fps_den, info.source_fps_num},
-                                        reader.time_base());
+                duration =
+                    av_rescale_q(1, {info.source_fps_den, info.source_fps_num}, reader.time_base());
             }
             const int64_t end = held_pts + std::max<int64_t>(1, duration);
             while (out.next < stop && clock.before(out.next, end)) deliver(out.next++);
@@ -667,8 +672,10 @@ DecodeVideoStage::DecodeVideoStage(DecodeVideoConfig config) : config_(std::move
                                      " has no bucket table; use 512, 1024, 2048 or 4096");
     }
     if (!std::isfinite(config_.video_fps) || config_.video_fps < 0 || config_.video_fps > 1000) {
-        throw Error::InvalidArgument("decode_video: video_fps must be in [0, 1000] (0: the clip's "
-                                     "own rate), got " + std::to_string(config_.video_fps));
+        throw Error::InvalidArgument(
+            "decode_video: video_fps must be in [0, 1000] (0: the clip's "
+            "own rate), got " +
+            std::to_string(config_.video_fps));
     }
     validate_frame_window_config(config_.windows);
     if (config_.min_side < 1) {
@@ -684,8 +691,10 @@ DecodeVideoStage::DecodeVideoStage(DecodeVideoConfig config) : config_(std::move
                                      std::to_string(config_.max_file_bytes));
     }
     if (config_.threads < 0 || config_.threads > 64) {
-        throw Error::InvalidArgument("decode_video: threads must be in [0, 64] (0: libav "
-                                     "chooses), got " + std::to_string(config_.threads));
+        throw Error::InvalidArgument(
+            "decode_video: threads must be in [0, 64] (0: libav "
+            "chooses), got " +
+            std::to_string(config_.threads));
     }
 }
 
@@ -727,8 +736,8 @@ DecodeVideoResult DecodeVideoStage::decode(const std::string& path,
         first = std::min(first, w.start);
         stop = std::max(stop, w.end());
     }
-    PassOutcome pass = decode_pass(path, config_, result.info, windows, first, stop, on_frame,
-                                   config_.seek);
+    PassOutcome pass =
+        decode_pass(path, config_, result.info, windows, first, stop, on_frame, config_.seek);
     if (pass.retry_from_start) {
         pass = decode_pass(path, config_, result.info, windows, first, stop, on_frame, false);
     }
@@ -737,8 +746,8 @@ DecodeVideoResult DecodeVideoStage::decode(const std::string& path,
     for (size_t w = 0; w < windows.size(); ++w) result.completed[w] = windows[w].end() <= pass.next;
     if (pass.next < stop && pass.status == ClipReader::Status::kBroken) {
         result.truncated = true;
-        result.truncation_reason = path + ": " + pass.reason + " after " +
-                                   std::to_string(pass.next) + " frames";
+        result.truncation_reason =
+            path + ": " + pass.reason + " after " + std::to_string(pass.next) + " frames";
     } else if (pass.next < stop && result.info.frame_count - pass.next > 1) {
         // One frame of slack: the container's duration may round its last frame either way.
         result.truncated = true;

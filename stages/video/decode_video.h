@@ -55,17 +55,17 @@ struct ClipInfo {
     int height = 0;
     int coded_width = 0;  // as stored in the stream
     int coded_height = 0;
-    int rotation = 0;            // clockwise degrees applied for display: 0, 90, 180 or 270
-    int source_fps_num = 0;      // the stream's average frame rate
+    int rotation = 0;        // clockwise degrees applied for display: 0, 90, 180 or 270
+    int source_fps_num = 0;  // the stream's average frame rate
     int source_fps_den = 1;
-    int fps_num = 0;             // the output rate (video_fps, or the source's)
+    int fps_num = 0;  // the output rate (video_fps, or the source's)
     int fps_den = 1;
-    double duration_s = 0;       // of the video stream, from its first frame
-    double start_time_s = 0;     // the video stream's first timestamp (subtracted everywhere)
-    int64_t frame_count = 0;     // frames at the output rate: i / fps < duration. An estimate
-                                 // from the container; decode() reports what was reached.
-    std::string codec;           // the decoder's name, e.g. "h264"
-    VideoBucket bucket;          // frames = 0: the spatial bucket only
+    double duration_s = 0;    // of the video stream, from its first frame
+    double start_time_s = 0;  // the video stream's first timestamp (subtracted everywhere)
+    int64_t frame_count = 0;  // frames at the output rate: i / fps < duration. An estimate
+                              // from the container; decode() reports what was reached.
+    std::string codec;        // the decoder's name, e.g. "h264"
+    VideoBucket bucket;       // frames = 0: the spatial bucket only
 };
 
 // Called once per (window, frame of that window), in output-frame order; a frame inside two

@@ -81,8 +81,8 @@ std::vector<FrameWindow> plan_frame_windows(int64_t frame_count, const FrameWind
     std::vector<FrameWindow> windows;
     if (frame_count < 1) return windows;
     if (config.frame_extraction == FrameExtraction::kFull) {
-        const int64_t length = round_down_to_4k_plus_1(std::min<int64_t>(frame_count,
-                                                                         config.max_frames));
+        const int64_t length =
+            round_down_to_4k_plus_1(std::min<int64_t>(frame_count, config.max_frames));
         windows.push_back({0, length});
         return windows;
     }
