@@ -150,11 +150,12 @@ private:
     std::string reason_;
     int64_t duration_ticks_ = 0;
     bool stream_declares_duration_ = false;
+    int64_t max_pixels_ = 0;
     ClipInfo info_;
 };
 
 ClipReader::ClipReader(const std::string& path, const DecodeVideoConfig& config, bool open_decoder)
-    : name_(path) {
+    : name_(path), max_pixels_(config.max_pixels) {
     open_container(path, config);
     choose_stream();
     read_geometry_and_timing(config);
@@ -341,6 +342,14 @@ ClipReader::Status ClipReader::next() {
     for (;;) {
         const int received = avcodec_receive_frame(codec_.get(), frame_.get());
         if (received == 0) {
+            // The declared size was checked before decoding; a stream may still change size.
+            if (frame_->width <= 0 || frame_->height <= 0 ||
+                frame_->width > max_pixels_ / frame_->height) {
+                reason_ = "a frame of " + std::to_string(frame_->width) + "x" +
+                          std::to_string(frame_->height) + " exceeds the limit of " +
+                          std::to_string(max_pixels_) + " pixels";
+                return Status::kBroken;
+            }
             // A frame the decoder patched over damage: not a picture to train on.
             if (frame_->decode_error_flags != 0 || (frame_->flags & AV_FRAME_FLAG_CORRUPT) != 0) {
                 reason_ = "decode error (damaged frame at " +
