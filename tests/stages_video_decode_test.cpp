@@ -322,6 +322,60 @@ TEST_F(VideoClips, OddSizesKeepColourToTheEdges) {
     }
 }
 
+// One colour through every conversion path: BT.601 (untagged SD), BT.709 (tagged HD), full-range
+// JPEG-style YUV (MJPEG's yuvj420p), packed BGRA (GIF) and a palette (PAL8 PNG, unpacked before
+// cropping). A wrong matrix or range is off by 10-30 levels. ffmpeg writes the palette clips
+// dithered (its fixed palette lacks pure red: 216 and 252 alternate), so there the channel means
+// are compared with the ffmpeg program's own decode of the same file.
+TEST_F(VideoClips, ColourIsRightForEveryMatrixRangeAndLayout) {
+    const std::string blue = "-f lavfi -i color=c=0x3366CC:size=64x48:rate=10 -t 0.5 ";
+    const std::string red = "-f lavfi -i color=c=red:size=64x48:rate=10 -t 0.5 ";
+    struct Case {
+        std::string name, args;
+        int rgb[3];
+        bool dithered = false;
+    };
+    const std::vector<Case> cases = {
+        {"sd.mp4", blue + "-c:v libx264 -pix_fmt yuv420p", {0x33, 0x66, 0xCC}},
+        {"hd.mp4",
+         "-f lavfi -i color=c=0x3366CC:size=1280x720:rate=10 -t 0.3 -vf "
+         "scale=out_color_matrix=bt709:out_range=tv,format=yuv420p -colorspace bt709 -c:v libx264 "
+         "-preset ultrafast",
+         {0x33, 0x66, 0xCC}},
+        {"mjpeg.avi", blue + "-c:v mjpeg", {0x33, 0x66, 0xCC}},
+        {"bgra.gif", red, {255, 0, 0}, true},
+        {"pal8.mkv", red + "-c:v png -pix_fmt pal8", {255, 0, 0}, true},
+    };
+    const DecodeVideoStage stage(video_config());
+    for (const Case& c : cases) {
+        const Collected got = decode_all(stage, clip(c.name, c.args), {{0, 2}});
+        ASSERT_EQ(got.frames.size(), 2u) << c.name;
+        const at::Tensor& rgb = got.frames.at({0, 1});
+        if (c.dithered) {
+            const std::string raw = file(c.name + ".rgb");
+            ASSERT_EQ(test::run_command("ffmpeg -v error -y -i " + file(c.name) +
+                                        " -frames:v 1 -f rawvideo -pix_fmt rgb24 " + raw)
+                          .exit_code,
+                      0);
+            const std::string bytes = test::read_file(raw);
+            ASSERT_EQ(bytes.size(), 64u * 48u * 3u);
+            for (int k = 0; k < 3; ++k) {
+                double sum = 0;
+                for (size_t i = k; i < bytes.size(); i += 3) sum += static_cast<uint8_t>(bytes[i]);
+                const double reference = sum / (64 * 48);
+                EXPECT_NEAR(rgb[k].to(at::kDouble).mean().item<double>(), reference, 3.0)
+                    << c.name << " channel " << k;
+            }
+            continue;
+        }
+        for (int k = 0; k < 3; ++k) {
+            const at::Tensor channel = rgb[k].to(at::kInt);
+            EXPECT_NEAR(channel.min().item<int>(), c.rgb[k], 5) << c.name << " channel " << k;
+            EXPECT_NEAR(channel.max().item<int>(), c.rgb[k], 5) << c.name << " channel " << k;
+        }
+    }
+}
+
 // Where the red marker (top-left of the stored picture) lies, as fractions of width and height.
 std::pair<double, double> red_centroid_chw(const at::Tensor& rgb) {
     const at::Tensor red = rgb[0].to(at::kInt).gt(160).logical_and(rgb[2].to(at::kInt).lt(100));
