@@ -15,14 +15,18 @@
 // stage has no mutable state: probe() and decode() may run on many threads at once.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "stages/video/frame_windows.h"
+
+// Only named by reference here, so the header needs no LibTorch (and clip_reader.cpp, which the
+// fuzzer builds without it, can include it); a callback that reads the frames includes ATen.
+namespace at {
+class Tensor;
+}  // namespace at
 
 namespace sf::stages {
 
