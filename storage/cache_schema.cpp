@@ -95,7 +95,8 @@ Record SampleRecord::to_record() const {
     r.tensors[kBucketSize] = int32_pair(bucket.height, bucket.width);
     r.metadata[kSource] = source;
     r.metadata[kBucket] = bucket.name();
-    r.metadata[kStage] = kDecodeImageStage;
+    r.metadata[kStage] = stage;
+    if (!frames.empty()) r.metadata[kFrames] = frames;
     r.metadata[kFingerprint] = fingerprint;
     r.metadata[kCaption] = caption;
     r.metadata[kBucketRatio] = bucket_ratio;
@@ -113,6 +114,8 @@ SampleRecord SampleRecord::from_record(const Record& record, const std::string& 
     s.latent_key = required_meta(record, kLatentKey, where);
     s.text_key = required_meta(record, kTextKey, where);
     s.fingerprint = required_meta(record, kFingerprint, where);
+    s.stage = required_meta(record, kStage, where);
+    if (auto it = record.metadata.find(kFrames); it != record.metadata.end()) s.frames = it->second;
     std::tie(s.original_height, s.original_width) = int32_pair_of(record, kOriginalSize, where);
     return s;
 }

@@ -107,6 +107,10 @@ struct SampleRecord {
     int64_t original_height = 0, original_width = 0;  // before resizing
     std::string latent_key, text_key;
     std::string fingerprint;  // of the decode stage
+    // A video window: "start:count" frames of `source` at the decode frame rate; empty for an
+    // image. The decode stage that wrote it: kDecodeImageStage or kDecodeVideoStage.
+    std::string frames;
+    std::string stage = kDecodeImageStage;
 
     Record to_record() const;
     // kCorruption naming `where` and the missing or malformed field.

@@ -297,7 +297,7 @@ TEST(PrepIntegration, ANonUtf8NameIsARejectAndAnEmptyDatasetLeavesTheManifest) {
     empty.instance_data_dir = tmp.file("empty");
     sf::test::expect_error([&] { run_prep(empty); }, sf::ErrorCode::kInvalidArgument,
                            "prep: no usable sample in " + tmp.file("empty") +
-                               " (0 found, 0 rejected; no image files found)");
+                               " (0 found, 0 rejected; no image or video files found)");
     EXPECT_EQ(*sf::storage::CacheReader(sf::storage::Cache::open(o.cache_dir), "manifest")
                    .get_raw("samples"),
               manifest);

@@ -65,7 +65,7 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
     const auto t0 = std::chrono::steady_clock::now();
 
     std::unique_ptr<storage::CacheWriter> latents_writer;
-    if (stages.vae) {
+    if (stages.has_vae()) {
         latents_writer =
             std::make_unique<storage::CacheWriter>(cache, schema::kLatentsDb, o.commit_batch);
     }
@@ -76,11 +76,29 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
     // missing samples are known-bad files (rejected again by the decoder) loads no model.
     graph::DeviceLease::Hold lease;
     std::unique_ptr<stages::EncodeVAEStage::Session> vae;
+    std::unique_ptr<stages::EncodeVideoStage::Session> video_vae;  // --vae wan
+    const char* vae_stage =
+        stages.video_vae ? schema::kEncodeVideoVAEStage : schema::kEncodeVAEStage;
     auto open_vae = [&] {
-        if (vae) return;
-        lease = graph::device_lease().acquire("encode_vae", &pipeline_cancel);
-        vae = stages.vae->open();
-        report.models_loaded.push_back("encode_vae");
+        if (vae || video_vae) return;
+        lease = graph::device_lease().acquire(vae_stage, &pipeline_cancel);
+        if (stages.video_vae) {
+            video_vae = stages.video_vae->open();
+        } else {
+            vae = stages.vae->open();
+        }
+        report.models_loaded.push_back(vae_stage);
+    };
+    // The video VAE takes an image as a one-frame video: [C, 1, h, w].
+    auto encode_images = [&](const std::vector<at::Tensor>& pixels) {
+        if (vae) return vae->encode(pixels);
+        std::vector<at::Tensor> latents;
+        for (const auto& image : pixels) {
+            video_vae->begin_window();
+            video_vae->push_frame(image);
+            latents.push_back(video_vae->finish_window());
+        }
+        return latents;
     };
     auto encode_batch = [&](std::vector<std::any>&& in) {
         // One forward per bucket present in the batch: only images of one size stack.
@@ -95,7 +113,7 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
         for (const auto& [bucket, idx] : by_bucket) {
             std::vector<at::Tensor> pixels;
             for (size_t i : idx) pixels.push_back(items[i].image.pixels);
-            auto latents = vae->encode(pixels);
+            auto latents = encode_images(pixels);
             for (size_t k = 0; k < idx.size(); ++k) items[idx[k]].latent = latents[k];
         }
         std::vector<std::any> out;
@@ -129,7 +147,7 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
         });
     if (need_vae) {
         // Batches cut in source order, so the latents' bytes do not depend on timing.
-        pipeline.serial_batched("encode_vae", vae_batch, encode_batch, graph::ItemOrder::kSource)
+        pipeline.serial_batched(vae_stage, vae_batch, encode_batch, graph::ItemOrder::kSource)
             .holds_device_lease();
     }
     pipeline
@@ -141,9 +159,12 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
                   // sample whose latent is missing: the index phase then finds the latent
                   // missing and encodes it.
                   if (item.latent.defined()) {
-                      latents_writer->put(
-                          p.latent_key,
-                          stages.vae->record(item.latent, p.sample.path, bucket_of(item.image)));
+                      latents_writer->put(p.latent_key,
+                                          stages.video_vae
+                                              ? stages.video_vae->record(item.latent, p.sample.path,
+                                                                         bucket_of(item.image), "")
+                                              : stages.vae->record(item.latent, p.sample.path,
+                                                                   bucket_of(item.image)));
                       ++report.latents_written;
                   }
                   if (p.need_sample) {
@@ -171,13 +192,14 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
     samples_writer.flush();
     const int64_t image_peak = need_vae ? mem::cpu_stats().peak : 0;
     vae.reset();  // frees the VAE, marks memory, empties the CUDA cache
+    video_vae.reset();
     lease.release();
     const mem::Mark after = memlog.mark("prep", "after image phase");
 
     for (const auto& s : stats.stages) {
         if (s.name == "samples") continue;
         report.stages.push_back(
-            {s.name, s.items, s.rejects, s.busy_seconds, s.name == "encode_vae" ? image_peak : 0});
+            {s.name, s.items, s.rejects, s.busy_seconds, s.name == vae_stage ? image_peak : 0});
     }
     report.stages.push_back(
         {"image", stats.completed, stats.rejected, seconds_since(t0), after.cpu.peak});

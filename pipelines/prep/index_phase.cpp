@@ -1,15 +1,30 @@
 // The index phase: every sample read and hashed in parallel into its content keys; what the cache
 // already holds is skipped from here on, so an unchanged dataset loads no model.
 #include <any>
+#include <fstream>
 
 #include "pipelines/prep/prep_phases.h"
 #include "stages/image/aspect_buckets.h"
 #include "stages/image/image_header.h"
+#include "stages/video/clip_sniff.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_schema.h"
 #include "storage/content_key.h"
 
 namespace sf::pipelines::prep {
+namespace {
+
+// By the container's magic in the file's first bytes, not by its extension.
+bool is_clip_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Reject(path + ": cannot open file");
+    char head[stages::kClipSniffBytes] = {};
+    in.read(head, sizeof head);
+    return stages::looks_like_clip(reinterpret_cast<const uint8_t*>(head),
+                                   static_cast<size_t>(in.gcount()));
+}
+
+}  // namespace
 
 IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                             const std::vector<stages::Sample>& samples, const PrepOptions& o,
@@ -22,7 +37,22 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
 
     const storage::CacheReader sample_records(cache, schema::kSamplesDb);
     const storage::CacheReader latent_records(cache, schema::kLatentsDb);
+    auto hash_clip = [&](PlannedSample& p) {
+        if (stages.vae && !stages.video_vae) {
+            throw Reject(p.sample.path +
+                         ": a video clip needs the video VAE: rerun with --vae wan (Wan2.1's, as "
+                         "SANA-Video uses)");
+        }
+        // Streamed: a clip may be larger than memory. The windows' keys derive from this one.
+        p.is_clip = true;
+        p.clip_key = storage::content_key_of_file(p.sample.path, {});
+        if (stages.text) p.text_key = stages.text->key(p.sample.caption);
+    };
     auto hash = [&](PlannedSample& p) {
+        if (is_clip_file(p.sample.path)) {
+            hash_clip(p);
+            return;
+        }
         const std::string bytes = read_file(p.sample.path, stages.decode_config.max_file_bytes);
         const auto header =
             stages::read_image_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
@@ -40,13 +70,13 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                                                        {"caption", p.sample.caption},
                                                        {"vae", stages.vae_fp_hash},
                                                        {"text", stages.text_fp_hash}});
-        if (stages.vae) {
+        if (stages.has_vae()) {
             p.latent_key = storage::content_key_of(
                 bytes, {{"decoder", stages.decode_fp_hash}, {"vae", stages.vae_fp_hash}});
         }
         if (stages.text) p.text_key = stages.text->key(p.sample.caption);
         p.need_sample = !sample_records.contains(p.sample_key);
-        p.need_latent = stages.vae && !latent_records.contains(p.latent_key);
+        p.need_latent = stages.has_vae() && !latent_records.contains(p.latent_key);
     };
 
     size_t next = 0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "core/device_options.h"
@@ -63,6 +64,14 @@ void validate(const PrepOptions& o) {
             "--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model +
             "'");
     }
+    if (o.vae_kind != "dc-ae" && o.vae_kind != "wan") {
+        throw Error::InvalidArgument("--vae must be dc-ae or wan, got '" + o.vae_kind + "'");
+    }
+    if (!(o.video_fps >= 0.0) || !std::isfinite(o.video_fps)) {
+        throw Error::InvalidArgument(fmt::format(
+            "--video_fps must be 0 (each clip's own rate) or positive, got {}", o.video_fps));
+    }
+    stages::validate_frame_window_config(o.windows);
     // Before the cache is touched: a run refused here stores no fingerprint.
     require_compute_dtype(resolve_device(o.device), resolve_dtype(o.mixed_precision));
 }
@@ -90,10 +99,29 @@ PrepStages make_stages(const PrepOptions& o) {
         config.offload = o.offload;
         s.text = std::make_unique<stages::EncodeTextStage>(config);
     }
-    if (o.vae) {
+    if (o.vae && o.vae_kind == "wan") {
+        stages::EncodeVideoConfig config;
+        config.model = stages::ModelSource{o.pretrained_model_name_or_path, "wan-vae-tiny", o.seed};
+        config.device = o.device;
+        config.mixed_precision = o.mixed_precision;
+        s.video_vae = std::make_unique<stages::EncodeVideoStage>(config);
+    } else if (o.vae) {
         s.vae = std::make_unique<stages::EncodeVAEStage>(
             encoder_config<stages::EncodeVAEConfig>(o, "dc-ae-tiny", o.vae_batch_size));
     }
+    stages::DecodeVideoConfig video;
+    video.resolution = o.resolution;
+    video.video_fps = o.video_fps;
+    video.windows = o.windows;
+    video.min_side = s.decode_config.min_side;
+    s.video_decoder = std::make_unique<stages::DecodeVideoStage>(video);
+    s.video_decode_fingerprint = {
+        {"stage", schema::kDecodeVideoStage},
+        {"decoder", s.video_decoder->fingerprint()},
+        {"resolution", std::to_string(o.resolution)},
+        {"record", "sample-index-v2"},
+    };
+    s.video_decode_fp_hash = storage::fingerprint_hash(s.video_decode_fingerprint);
     s.decode_fingerprint = {
         {"stage", schema::kDecodeImageStage},
         {"decoder", s.decoder->fingerprint()},
@@ -102,6 +130,7 @@ PrepStages make_stages(const PrepOptions& o) {
     };
     s.decode_fp_hash = storage::fingerprint_hash(s.decode_fingerprint);
     if (s.vae) s.vae_fp_hash = storage::fingerprint_hash(s.vae->fingerprint());
+    if (s.video_vae) s.vae_fp_hash = storage::fingerprint_hash(s.video_vae->fingerprint());
     if (s.text) s.text_fp_hash = storage::fingerprint_hash(s.text->fingerprint());
     return s;
 }
@@ -119,6 +148,20 @@ void check_fingerprints(storage::Cache& cache, const PrepStages& s, const PrepOp
     ensure(schema::kDecodeImageStage, s.decode_fingerprint, schema::kSamplesDb);
     if (s.text) ensure(schema::kEncodeTextStage, s.text->fingerprint(), schema::kTextDb);
     if (s.vae) ensure(schema::kEncodeVAEStage, s.vae->fingerprint(), schema::kLatentsDb);
+    if (s.video_vae) {
+        ensure(schema::kEncodeVideoVAEStage, s.video_vae->fingerprint(), schema::kLatentsDb);
+    }
+}
+
+// The video decode fingerprint is checked only once a clip is found, so an image dataset's cache
+// never records one (and a cache made before video support is not refused for lacking it).
+void check_video_fingerprint(storage::Cache& cache, const PrepStages& s, const PrepOptions& o) {
+    if (cache.ensure_fingerprint(schema::kDecodeVideoStage, s.video_decode_fingerprint,
+                                 {schema::kSamplesDb},
+                                 o.rebuild) == storage::FingerprintStatus::kRebuilt) {
+        log_warn("prep: --rebuild: the {} stage of {} was dropped and is rebuilt",
+                 schema::kDecodeVideoStage, o.cache_dir);
+    }
 }
 
 // The manifest: this dataset's samples, which training reads. Sample records of earlier versions
@@ -127,11 +170,18 @@ void check_fingerprints(storage::Cache& cache, const PrepStages& s, const PrepOp
 // Returns the number of samples listed; with none, the manifest is left as it was (an empty or
 // wholly rejected dataset must not replace a good training list with an empty one).
 size_t write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& plan,
-                      const std::set<std::string>& rejected_keys) {
+                      const std::set<std::string>& rejected_keys, const VideoResult& video) {
     std::vector<std::string> keys;
     for (const auto& p : plan) {
-        if (!p.sample.path.empty() && !rejected_keys.count(p.sample_key))
+        if (p.sample.path.empty()) continue;
+        if (p.is_clip) {
+            // A clip's windows, in window order; a clip rejected before any window has none.
+            if (auto it = video.window_keys.find(p.sample.path); it != video.window_keys.end()) {
+                keys.insert(keys.end(), it->second.begin(), it->second.end());
+            }
+        } else if (!rejected_keys.count(p.sample_key)) {
             keys.push_back(p.sample_key);
+        }
     }
     if (keys.empty()) return 0;
     storage::CacheWriter manifest(cache, schema::kManifestDb, 1);
@@ -173,6 +223,11 @@ PrepReport run_prep(const PrepOptions& o) {
     dataset.instance_data_dir = o.instance_data_dir;
     dataset.manifest = o.manifest;
     dataset.instance_prompt = o.instance_prompt;
+    // Candidates by extension; each file is then classified by its content (index phase).
+    for (const char* e : {"mp4", "mov", "m4v", "mkv", "webm", "avi", "mpg", "mpeg", "ts", "flv",
+                          "ogv", "gif"}) {
+        dataset.extensions.push_back(e);
+    }
     const stages::DatasetScan scan = stages::scan_dataset(dataset);
     report.scanned = static_cast<int64_t>(scan.samples.size());
     report.stages.push_back(
@@ -189,25 +244,32 @@ PrepReport run_prep(const PrepOptions& o) {
 
     const auto index_t0 = std::chrono::steady_clock::now();
     const IndexResult index = run_index_phase(stages, cache, scan.samples, o, samples_writer);
-    std::vector<const PlannedSample*> todo;
+    std::vector<const PlannedSample*> todo, clips;
     for (const auto& p : index.plan) {
         if (p.sample.path.empty()) continue;
-        if (p.need_sample || p.need_latent) {
+        if (p.is_clip) {
+            clips.push_back(&p);
+        } else if (p.need_sample || p.need_latent) {
             todo.push_back(&p);
         } else {
             ++report.cached;
         }
     }
     report.stages.push_back({"index", report.scanned, index.rejected, seconds_since(index_t0), 0});
+    if (!clips.empty()) check_video_fingerprint(cache, stages, o);
     report.rejected = static_cast<int64_t>(scan.rejects.size()) + index.rejected;
 
     if (stages.text) run_text_phase(*stages.text, cache, index.plan, o, report);
     const std::set<std::string> rejected_keys =
         run_image_phase(stages, cache, std::move(todo), o, samples_writer, report);
-    if (write_manifest(cache, index.plan, rejected_keys) == 0) {
+    VideoResult video;
+    if (!clips.empty()) {
+        video = run_video_phase(stages, cache, clips, o, samples_writer, report);
+    }
+    if (write_manifest(cache, index.plan, rejected_keys, video) == 0) {
         samples_writer.flush();  // the rejects, with their reasons
         std::string why = scan.rejects.empty()
-                              ? std::string("no image files found")
+                              ? std::string("no image or video files found")
                               : fmt::format("e.g. {}: {}", scan.rejects.front().first,
                                             scan.rejects.front().second);
         throw Error::InvalidArgument(fmt::format(

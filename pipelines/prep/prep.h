@@ -5,6 +5,9 @@
 //             already is skipped from here on, so an unchanged dataset loads no model
 //   text      the missing captions (identical ones once) through the text encoder, in batches
 //   image     the missing images decoded in parallel while the VAE encodes batches on the device
+//   video     the clips cut into windows of 4k+1 frames, each window decoded as a stream and
+//             encoded chunk by chunk by the video VAE (--vae wan); a window already cached is
+//             never decoded again
 //
 // Each model phase holds the device lease for its whole run, loads its model inside it and frees
 // it at the end; memory is marked at each step. Every edge that carries pixels is bounded by a
@@ -14,6 +17,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "stages/video/frame_windows.h"
 
 namespace sf::pipelines {
 
@@ -39,6 +44,12 @@ struct PrepOptions {
     bool offload = false;   // text encoder weights on the host, one layer at a time on the device
     bool text = true;       // run the text phase
     bool vae = true;        // run the VAE phase (off: sample index only)
+    // --vae: "dc-ae" (Sana's image VAE; clips are rejected) or "wan" (Wan2.1's video VAE, which
+    // SANA-Video uses: clips become windows of video latents, images one-frame videos).
+    std::string vae_kind = "dc-ae";
+    // Clips (musubi-tuner's flags): the decode rate (0 = each clip's own) and the windows.
+    double video_fps = 0;
+    stages::FrameWindowConfig windows;
 };
 
 struct PrepStageRow {
@@ -54,6 +65,9 @@ struct PrepReport {
     int64_t cached = 0;   // samples whose records were all there: nothing done
     int64_t written = 0;  // sample records committed by this run
     int64_t latents_written = 0;
+    int64_t clips = 0;            // video clips found (their windows count as samples below)
+    int64_t windows_planned = 0;  // windows of those clips, cached or not
+    int64_t clips_truncated = 0;  // clips whose stream broke: the windows before the break kept
     int64_t texts_written = 0;
     int64_t rejected = 0;       // scan, read and decode rejects
     int64_t max_in_flight = 0;  // samples in memory at once in the image phase, at most

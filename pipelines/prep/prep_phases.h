@@ -4,10 +4,12 @@
 //   index                     index_phase.cpp: every source read and hashed into content keys
 //   text                      text_phase.cpp: the missing captions through the text encoder
 //   image                     image_phase.cpp: the missing images decoded and VAE-encoded
+//   video                     video_phase.cpp: the clips' missing windows decoded and encoded
 //   manifest                  prep.cpp: this dataset's sample keys, for training
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,8 +19,10 @@
 #include "pipelines/prep/prep.h"
 #include "stages/encode/encode_text.h"
 #include "stages/encode/encode_vae.h"
+#include "stages/encode/encode_video.h"
 #include "stages/image/dataset.h"
 #include "stages/image/decode_image.h"
+#include "stages/video/decode_video.h"
 #include "storage/cache.h"
 #include "storage/cache_writer.h"
 #include "storage/fingerprint.h"
@@ -30,9 +34,15 @@ struct PrepStages {
     stages::DecodeImageConfig decode_config;
     std::unique_ptr<stages::DecodeImageStage> decoder;
     std::unique_ptr<stages::EncodeTextStage> text;  // null without the text phase
-    std::unique_ptr<stages::EncodeVAEStage> vae;    // null without the VAE phase
-    storage::Fingerprint decode_fingerprint;
-    std::string decode_fp_hash, text_fp_hash, vae_fp_hash;  // empty for an absent stage
+    std::unique_ptr<stages::EncodeVAEStage> vae;    // DC-AE: null without it
+    // --vae wan: the video VAE encodes clips, and images as one-frame videos.
+    std::unique_ptr<stages::EncodeVideoStage> video_vae;
+    std::unique_ptr<stages::DecodeVideoStage> video_decoder;
+    storage::Fingerprint decode_fingerprint, video_decode_fingerprint;
+    // Empty for an absent stage; vae_fp_hash is the VAE in use (DC-AE or Wan).
+    std::string decode_fp_hash, video_decode_fp_hash, text_fp_hash, vae_fp_hash;
+
+    bool has_vae() const { return vae || video_vae; }
 };
 
 // One sample's keys and what the cache lacks of it, from the index phase. A sample the index
@@ -45,6 +55,10 @@ struct PlannedSample {
     std::string predicted_bucket;  // from the header alone, to order the VAE's work by bucket
     bool need_sample = false;
     bool need_latent = false;
+    // A video clip (by its container's magic): its samples are windows, keyed in the video
+    // phase from the clip's content key; sample_key and latent_key stay empty.
+    bool is_clip = false;
+    std::string clip_key;
 };
 
 // Reads and hashes every scanned sample in parallel; a sample that cannot be read is rejected
@@ -67,6 +81,16 @@ void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,
 std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& cache,
                                       std::vector<const PlannedSample*> todo, const PrepOptions& o,
                                       storage::CacheWriter& samples_writer, PrepReport& report);
+
+// What the video phase leaves for the manifest: each clip's window sample keys (cached or
+// written, in window order), by clip path.
+struct VideoResult {
+    std::map<std::string, std::vector<std::string>> window_keys;
+};
+// Plans every clip's windows, decodes and encodes those the cache lacks, writes their records.
+VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
+                            const std::vector<const PlannedSample*>& clips, const PrepOptions& o,
+                            storage::CacheWriter& samples_writer, PrepReport& report);
 
 // --- Shared helpers (prep.cpp) -------------------------------------------------------------
 // The whole file, rejected (sf::Reject) when it cannot be read or is larger than `max_bytes`.
