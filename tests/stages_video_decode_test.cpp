@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "stages/video/clip_reader.h"
 #include "stages/video/decode_video.h"
 #include "tests/test_util.h"
 
@@ -183,6 +184,33 @@ TEST_F(VideoClips, ProbeReadsEveryContainer) {
     const ClipInfo at16 = DecodeVideoStage(video_config(16)).probe(file("h264.mp4"));
     EXPECT_EQ(at16.frame_count, 32);
     EXPECT_EQ(at16.source_fps_num, 24);
+}
+
+// The fuzzer reads clips from memory; the reader must see there what it sees in the file.
+TEST_F(VideoClips, ClipsReadFromMemoryProbeAsFromTheirFile) {
+    const DecodeVideoConfig config = video_config();
+    for (const std::string name : {"h264.mp4", "vp9.webm", "mpeg4.avi"}) {
+        const std::string path = testsrc(name,
+                                         "-c:v " + std::string(name == "h264.mp4"   ? "libx264"
+                                                               : name == "vp9.webm" ? "libvpx-vp9"
+                                                                                    : "mpeg4"),
+                                         2);
+        const std::string bytes = test::read_file(path);
+        const ClipInfo from_file = DecodeVideoStage(config).probe(path);
+        const ClipReader reader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                "memory", config, /*open_decoder=*/false);
+        EXPECT_EQ(reader.info().frame_count, from_file.frame_count) << name;
+        EXPECT_EQ(reader.info().codec, from_file.codec) << name;
+        EXPECT_EQ(reader.info().width, from_file.width) << name;
+        EXPECT_NEAR(reader.info().duration_s, from_file.duration_s, 1e-9) << name;
+    }
+    const std::string noise(300, 'x');
+    test::expect_error(
+        [&] {
+            ClipReader(reinterpret_cast<const uint8_t*>(noise.data()), noise.size(), "memory",
+                       config, false);
+        },
+        ErrorCode::kInvalidArgument, "memory: not a video file");
 }
 
 TEST_F(VideoClips, EveryCodecDecodesEveryFrameAtTheBucketSize) {

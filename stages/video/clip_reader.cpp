@@ -48,7 +48,6 @@ std::string seconds_text(double seconds) {
     return text;
 }
 
-
 const int32_t* display_matrix(const AVStream* stream) {
 #if LIBAVCODEC_VERSION_INT >= AV_VERSION_INT(60, 31, 102)
     const AVPacketSideData* side =
@@ -150,8 +149,7 @@ ClipReader::ClipReader(const uint8_t* data, size_t size, const std::string& name
     open(nullptr, config, open_decoder);
 }
 
-void ClipReader::open(const std::string* path, const DecodeVideoConfig& config,
-                      bool open_decoder) {
+void ClipReader::open(const std::string* path, const DecodeVideoConfig& config, bool open_decoder) {
     open_container(path, config);
     choose_stream();
     read_geometry_and_timing(config);
@@ -172,7 +170,8 @@ void ClipReader::open(const std::string* path, const DecodeVideoConfig& config,
 }
 
 void ClipReader::open_container(const std::string* path, const DecodeVideoConfig& config) {
-    const int64_t size = path != nullptr ? file_size(*path, name_) : static_cast<int64_t>(memory_->size);
+    const int64_t size =
+        path != nullptr ? file_size(*path, name_) : static_cast<int64_t>(memory_->size);
     if (size == 0) reject(name_, "not a video file (empty file)");
     if (size > config.max_file_bytes) {
         reject(name_, "file is " + std::to_string(size) + " bytes, over the limit of " +
@@ -184,8 +183,8 @@ void ClipReader::open_container(const std::string* path, const DecodeVideoConfig
     if (memory_) {
         constexpr int kBufferBytes = 1 << 16;
         auto* buffer = static_cast<uint8_t*>(av_malloc(kBufferBytes));
-        io_.reset(avio_alloc_context(buffer, kBufferBytes, 0, memory_.get(), &read_memory,
-                                     nullptr, &seek_memory));
+        io_.reset(avio_alloc_context(buffer, kBufferBytes, 0, memory_.get(), &read_memory, nullptr,
+                                     &seek_memory));
         if (!io_) {
             av_free(buffer);
             avformat_free_context(raw);
