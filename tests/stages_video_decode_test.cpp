@@ -189,12 +189,11 @@ TEST_F(VideoClips, ProbeReadsEveryContainer) {
 // The fuzzer reads clips from memory; the reader must see there what it sees in the file.
 TEST_F(VideoClips, ClipsReadFromMemoryProbeAsFromTheirFile) {
     const DecodeVideoConfig config = video_config();
-    for (const std::string name : {"h264.mp4", "vp9.webm", "mpeg4.avi"}) {
-        const std::string path = testsrc(name,
-                                         "-c:v " + std::string(name == "h264.mp4"   ? "libx264"
-                                                               : name == "vp9.webm" ? "libvpx-vp9"
-                                                                                    : "mpeg4"),
-                                         2);
+    for (const auto& [name, codec] :
+         std::vector<std::pair<std::string, std::string>>{{"h264.mp4", "-c:v libx264"},
+                                                          {"vp9.webm", "-c:v libvpx-vp9"},
+                                                          {"mpeg4.avi", "-c:v mpeg4"}}) {
+        const std::string path = testsrc(name, codec, 2);
         const std::string bytes = test::read_file(path);
         const ClipInfo from_file = DecodeVideoStage(config).probe(path);
         const ClipReader reader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
