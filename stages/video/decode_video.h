@@ -15,6 +15,7 @@
 // stage has no mutable state: probe() and decode() may run on many threads at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
