@@ -158,7 +158,10 @@ void ClipReader::open(const std::string* path, const DecodeVideoConfig& config, 
     // The decoding reader skips this: it takes the ClipInfo of a probe.
     if (!open_decoder && !stream_declares_duration_) {
         const int64_t end = scan_end_ticks();
-        if (end > 0) duration_ticks_ = end;
+        if (end > 0) {
+            duration_ticks_ = end;
+            note_early_end();
+        }
     }
     const AVRational tb = stream_->time_base;
     info_.duration_s = duration_ticks_ * av_q2d(tb);
@@ -295,6 +298,22 @@ void ClipReader::read_geometry_and_timing(const DecodeVideoConfig& config) {
         duration_ticks_ = stream_->duration;
     } else if (format_->duration != AV_NOPTS_VALUE && format_->duration > 0) {
         duration_ticks_ = av_rescale_q(format_->duration, AV_TIME_BASE_Q, tb);
+    }
+}
+
+// Writers differ on whether a Matroska duration counts from zero or from the first timestamp,
+// and other streams (audio) may run a little longer: the stream ends early only when its end is
+// before the declared duration even counted from zero, by more than half a second and two frames.
+void ClipReader::note_early_end() {
+    if (format_->duration == AV_NOPTS_VALUE || format_->duration <= 0) return;
+    const double declared = format_->duration / static_cast<double>(AV_TIME_BASE);
+    const double end = info_.start_time_s + duration_ticks_ * av_q2d(stream_->time_base);
+    const double frame = info_.source_fps_num > 0
+                             ? info_.source_fps_den / static_cast<double>(info_.source_fps_num)
+                             : 0;
+    if (end + std::max(0.5, 2 * frame) < declared) {
+        info_.ends_early = "the stream ends at " + seconds_text(end) + ", its container declares " +
+                           seconds_text(declared);
     }
 }
 

@@ -62,6 +62,7 @@ private:
     void choose_stream();
     void read_geometry_and_timing(const DecodeVideoConfig& config);
     int64_t scan_end_ticks();
+    void note_early_end();
     void open_codec(const DecodeVideoConfig& config);
 
     std::string name_;

@@ -243,6 +243,9 @@ DecodeVideoResult DecodeVideoStage::decode(const std::string& path,
         result.truncated = true;
         result.truncation_reason =
             path + ": " + pass.reason + " after " + std::to_string(pass.next) + " frames";
+    } else if (pass.next < stop && !result.info.ends_early.empty()) {
+        result.truncated = true;
+        result.truncation_reason = path + ": " + result.info.ends_early;
     } else if (pass.next < stop && result.info.frame_count - pass.next > 1) {
         // One frame of slack: the container's duration may round its last frame either way.
         result.truncated = true;

@@ -15,6 +15,7 @@
 // stage has no mutable state: probe() and decode() may run on many threads at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -68,8 +69,12 @@ struct ClipInfo {
     double start_time_s = 0;  // the video stream's first timestamp (subtracted everywhere)
     int64_t frame_count = 0;  // frames at the output rate: i / fps < duration. An estimate
                               // from the container; decode() reports what was reached.
-    std::string codec;        // the decoder's name, e.g. "h264"
-    VideoBucket bucket;       // frames = 0: the spatial bucket only
+    // Set when the container declares more than the stream holds: a file cut short where the
+    // container has no index (Matroska, WebM). The frames that are there are decoded, and
+    // decode() reports the clip truncated, with this reason, when it reaches their end.
+    std::string ends_early;
+    std::string codec;   // the decoder's name, e.g. "h264"
+    VideoBucket bucket;  // frames = 0: the spatial bucket only
 };
 
 // Called once per (window, frame of that window), in output-frame order; a frame inside two

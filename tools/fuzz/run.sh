@@ -25,12 +25,29 @@ while [ $# -gt 0 ]; do
   esac
 done
 all=(record safetensors safetensors_file index config state yaml image_header)
-[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+everything=0
+[ ${#targets[@]} -gt 0 ] || { targets=("${all[@]}"); everything=1; }
 
 command -v clang++ >/dev/null || { echo "run.sh: clang++ not found (bash tools/setup.sh)" >&2; exit 2; }
 cmake -S tools/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build build-fuzz -j"$(nproc)" >/dev/null
 build-fuzz/make_seeds build-fuzz/seeds . >/dev/null
+# The clip reader only where FFmpeg's libraries were found (tools/fuzz/CMakeLists.txt).
+if [ -x build-fuzz/fuzz_clip ]; then
+  all+=(clip)
+  [ "$everything" = 1 ] && targets+=(clip)
+  # Tiny clips, one per container and codec the stage is tested with; none without ffmpeg.
+  mkdir -p build-fuzz/seeds/clip
+  if command -v ffmpeg >/dev/null && [ ! -e build-fuzz/seeds/clip/h264.mp4 ]; then
+    src=(-f lavfi -i testsrc=size=32x24:rate=8 -t 0.5)
+    ffmpeg -v error -y "${src[@]}" -c:v libx264 -pix_fmt yuv420p build-fuzz/seeds/clip/h264.mp4
+    ffmpeg -v error -y "${src[@]}" -c:v libvpx-vp9 build-fuzz/seeds/clip/vp9.webm
+    ffmpeg -v error -y "${src[@]}" -c:v mpeg4 build-fuzz/seeds/clip/mpeg4.avi
+    ffmpeg -v error -y "${src[@]}" -c:v png -pix_fmt pal8 build-fuzz/seeds/clip/pal8.mkv
+    ffmpeg -v error -y -i build-fuzz/seeds/clip/h264.mp4 -c copy -metadata:s:v rotate=90 \
+      build-fuzz/seeds/clip/rotated.mp4
+  fi
+fi
 mkdir -p build-fuzz/findings
 
 status=0
