@@ -44,7 +44,8 @@ TEST(EncodeVideoStage, AWindowPushedFrameByFrameIsTheModelsNormalisedMean) {
 
     auto vae = reference();
     // uint8 -> [-1, 1], [T, 3, H, W] -> [1, 3, T, H, W]
-    const at::Tensor video = (frames.to(torch::kFloat) / 127.5 - 1.0).permute({1, 0, 2, 3}).unsqueeze(0);
+    const at::Tensor video =
+        (frames.to(torch::kFloat) / 127.5 - 1.0).permute({1, 0, 2, 3}).unsqueeze(0);
     const at::Tensor want = vae->normalize_latent(vae->posterior_mean(vae->encode(video)))[0];
     EXPECT_TRUE(torch::allclose(latent, want, 1e-5, 1e-6))
         << (latent - want).abs().max().item<double>();
@@ -91,8 +92,8 @@ TEST(EncodeVideoStage, RefusesAWindowThatIsNotOnePlusFourK) {
 
 TEST(EncodeVideoStage, RecordsSayWhatTheLatentIsAndTheFingerprintNamesIt) {
     const EncodeVideoStage stage(tiny());
-    const auto r = stage.record(torch::zeros({8, 3, 2, 3}), "clip.mp4", schema::Bucket{9, 16, 24},
-                                "24:9");
+    const auto r =
+        stage.record(torch::zeros({8, 3, 2, 3}), "clip.mp4", schema::Bucket{9, 16, 24}, "24:9");
     EXPECT_EQ(r.metadata.at(schema::kFrames), "24:9");
     EXPECT_EQ(r.metadata.at(schema::kLatentForm), schema::kLatentNormalizedMean);
     EXPECT_EQ(r.metadata.at(schema::kBucket), "9x16x24");

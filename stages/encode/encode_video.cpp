@@ -68,8 +68,8 @@ public:
             const int64_t n = window_ ? window_->frames_pushed() : 0;
             window_.reset();
             parts_.clear();
-            throw Error::InvalidArgument(fmt::format(
-                "encode_video: a window of {} frames; the Wan VAE encodes 1 + 4 k", n));
+            throw Error::InvalidArgument(
+                fmt::format("encode_video: a window of {} frames; the Wan VAE encodes 1 + 4 k", n));
         }
         torch::NoGradGuard no_grad;
         at::Tensor mean = torch::cat(parts_, 2);  // [1, C, f, h, w]
@@ -103,8 +103,8 @@ private:
 
 EncodeVideoStage::EncodeVideoStage(EncodeVideoConfig config) : config_(std::move(config)) {
     if (config_.tile_above < 256) {
-        throw Error::InvalidArgument(
-            fmt::format("video VAE tile_above must be >= 256 (a tile), got {}", config_.tile_above));
+        throw Error::InvalidArgument(fmt::format(
+            "video VAE tile_above must be >= 256 (a tile), got {}", config_.tile_above));
     }
     const c10::ScalarType dtype = resolve_dtype(config_.mixed_precision);
     if (!config_.model.is_pretrained())
@@ -115,8 +115,8 @@ EncodeVideoStage::EncodeVideoStage(EncodeVideoConfig config) : config_(std::move
         {"weights", weights_fingerprint(config_.model, "vae")},
         {"dtype", dtype_tag(dtype)},
         {"tile_above", std::to_string(config_.tile_above)},
-        {"tiling", fmt::format("{}x{}/{}x{}", t.tile_height, t.tile_width, t.stride_height,
-                               t.stride_width)},
+        {"tiling",
+         fmt::format("{}x{}/{}x{}", t.tile_height, t.tile_width, t.stride_height, t.stride_width)},
         {"latent", schema::kLatentNormalizedMean},
         {"chunking", "causal-1+4k"},
     };
