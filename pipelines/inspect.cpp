@@ -42,7 +42,8 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
     // text db gets their token counts instead (a power-of-two histogram and the range).
     for (const std::string& db : cache.record_dbs()) {
         std::map<std::string, int64_t> buckets;
-        std::map<int64_t, int64_t> token_bins;  // upper bound of the bin -> records
+        std::map<std::string, int64_t> windows_per_clip;  // video windows' sample records by clip
+        std::map<int64_t, int64_t> token_bins;            // upper bound of the bin -> records
         int64_t tokens_min = INT64_MAX, tokens_max = 0, tokens_sum = 0, with_tokens = 0;
         storage::CacheReader reader(cache, db);
         reader.for_each([&](std::string_view key, std::string_view frame) {
@@ -63,6 +64,10 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
                 }
                 auto it = record.metadata.find(storage::schema::kBucket);
                 ++buckets[it == record.metadata.end() ? "(none)" : it->second];
+                if (db == storage::schema::kSamplesDb &&
+                    record.metadata.count(storage::schema::kFrames) != 0) {
+                    ++windows_per_clip[record.metadata[storage::schema::kSource]];
+                }
             } catch (const std::exception&) {
                 ++buckets["(unreadable)"];
             }
@@ -78,6 +83,19 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
             out += fmt::format("{} per bucket:", db);
             for (const auto& [bucket, n] : buckets) out += fmt::format(" {}={}", bucket, n);
             out += "\n";
+        }
+        if (!windows_per_clip.empty()) {
+            // Buckets of video windows read frames x height x width.
+            int64_t least = INT64_MAX, most = 0, all = 0;
+            for (const auto& [clip, n] : windows_per_clip) {
+                least = std::min(least, n);
+                most = std::max(most, n);
+                all += n;
+            }
+            out += fmt::format(
+                "{} clips: {}, windows per clip: min {} mean {:.1f} max {}\n", db,
+                windows_per_clip.size(), least,
+                static_cast<double>(all) / static_cast<double>(windows_per_clip.size()), most);
         }
     }
 

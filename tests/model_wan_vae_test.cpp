@@ -90,6 +90,22 @@ TEST(WanVAEGolden, NormalisationRoundTripsAndUsesTheConfigLists) {
     EXPECT_TRUE(torch::allclose(back, r.at("latent_mean"), 1e-6, 1e-6));
 }
 
+TEST(WanVAE, NarrowConvolutionsOverStackedTimeTapsEqualConv3d) {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(2);
+    for (int64_t channels : {3, 16, 32}) {  // stacked (3 x 3, 16 x 3 <= 64) and not (32 x 3)
+        sf::model::wan::CausalConv3d conv(channels, 8, std::array<int64_t, 3>{3, 3, 3},
+                                          std::array<int64_t, 3>{1, 1, 1},
+                                          std::array<int64_t, 3>{1, 1, 1});
+        const auto x = torch::randn({2, channels, 5, 12, 10});
+        const auto want =
+            torch::conv3d(torch::constant_pad_nd(x, {1, 1, 1, 1, 2, 0}), conv->weight, conv->bias);
+        const auto got = conv(x);
+        EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5))
+            << channels << " channels: " << (got - want).abs().max().item<double>();
+    }
+}
+
 TEST(WanVAE, EncodingIsCausalAPrefixGivesAPrefixOfTheLatents) {
     SF_REQUIRE_GOLDEN_VIDEO("vae_wan");
     torch::NoGradGuard no_grad;

@@ -64,7 +64,13 @@ public:
 
     torch::Tensor weight, bias;
 
+    // In channels x time taps up to which a CPU convolution runs as one conv2d over the taps
+    // stacked as channels (exact up to rounding): see time_taps_as_channels().
+    static constexpr int64_t kMaxStackedChannels = 64;
+
 private:
+    bool time_taps_as_channels(const torch::Tensor& input) const;
+
     std::array<int64_t, 3> stride_;
     int64_t pad_t_, pad_h_, pad_w_;  // front time padding 2 p_t; spatial p on both sides
 };

@@ -224,8 +224,8 @@ PrepReport run_prep(const PrepOptions& o) {
     dataset.manifest = o.manifest;
     dataset.instance_prompt = o.instance_prompt;
     // Candidates by extension; each file is then classified by its content (index phase).
-    for (const char* e : {"mp4", "mov", "m4v", "mkv", "webm", "avi", "mpg", "mpeg", "ts", "flv",
-                          "ogv", "gif"}) {
+    for (const char* e :
+         {"mp4", "mov", "m4v", "mkv", "webm", "avi", "mpg", "mpeg", "ts", "flv", "ogv", "gif"}) {
         dataset.extensions.push_back(e);
     }
     const stages::DatasetScan scan = stages::scan_dataset(dataset);

@@ -143,16 +143,17 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
             w.window = windows[i];
             w.window_index = i;
             const std::string tag = frames_tag(windows[i]);
-            w.sample_key = storage::content_key_of(p.clip_key,
-                                                   {{"decoder", stages.video_decode_fp_hash},
-                                                    {"window", tag},
-                                                    {"caption", p.sample.caption},
-                                                    {"vae", stages.vae_fp_hash},
-                                                    {"text", stages.text_fp_hash}});
+            w.sample_key =
+                storage::content_key_of(p.clip_key, {{"decoder", stages.video_decode_fp_hash},
+                                                     {"window", tag},
+                                                     {"caption", p.sample.caption},
+                                                     {"vae", stages.vae_fp_hash},
+                                                     {"text", stages.text_fp_hash}});
             if (stages.video_vae) {
-                w.latent_key = storage::content_key_of(
-                    p.clip_key,
-                    {{"decoder", stages.video_decode_fp_hash}, {"window", tag}, {"vae", stages.vae_fp_hash}});
+                w.latent_key =
+                    storage::content_key_of(p.clip_key, {{"decoder", stages.video_decode_fp_hash},
+                                                         {"window", tag},
+                                                         {"vae", stages.vae_fp_hash}});
             }
             w.need_sample = !sample_records.contains(w.sample_key);
             w.need_latent = stages.video_vae && !latent_records.contains(w.latent_key);
@@ -219,9 +220,9 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
                   auto item = std::any_cast<WindowItem&&>(std::move(in));
                   const std::string& path = item.plan->sample.path;
                   if (item.latent.defined()) {
-                      latents_writer->put(item.latent_key,
-                                          stages.video_vae->record(item.latent, path,
-                                                                   bucket_of(item), frames_tag(item.window)));
+                      latents_writer->put(item.latent_key, stages.video_vae->record(
+                                                               item.latent, path, bucket_of(item),
+                                                               frames_tag(item.window)));
                       ++report.latents_written;
                   }
                   if (item.need_sample) {

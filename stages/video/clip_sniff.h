@@ -12,8 +12,8 @@ namespace sf::stages {
 // Bytes of a file's start that looks_like_clip() needs.
 constexpr size_t kClipSniffBytes = 256;
 
-// The container's name ("mp4/mov", "matroska/webm", "avi", "mpeg-ts", "flv", "ogg", "mpeg-ps", "gif")
-// when the bytes start like one, else empty.
+// The container's name ("mp4/mov", "matroska/webm", "avi", "mpeg-ts", "flv", "ogg", "mpeg-ps",
+// "gif") when the bytes start like one, else empty.
 std::string clip_container(const uint8_t* data, size_t size);
 inline bool looks_like_clip(const uint8_t* data, size_t size) {
     return !clip_container(data, size).empty();
