@@ -39,11 +39,13 @@ bool have_ffmpeg() { return std::system("ffmpeg -version >/dev/null 2>&1") == 0;
 // A test-pattern clip of `seconds` at `fps`, 64 x 48, encoded with `codec` into `path`.
 void make_clip(const fs::path& path, double seconds, int fps, const std::string& codec,
                const std::string& extra = "") {
-    const std::string cmd = "ffmpeg -loglevel error -y -f lavfi -i testsrc=size=64x48:rate=" +
-                            std::to_string(fps) + " -t " + std::to_string(seconds) + " -c:v " +
-                            codec + " " + extra + " -f " +
-                            (codec == "mpeg4" ? "avi" : codec == "libvpx-vp9" ? "webm" : "mp4") +
-                            " '" + path.string() + "'";
+    const std::string cmd =
+        "ffmpeg -loglevel error -y -f lavfi -i testsrc=size=64x48:rate=" + std::to_string(fps) +
+        " -t " + std::to_string(seconds) + " -c:v " + codec + " " + extra + " -f " +
+        (codec == "mpeg4"        ? "avi"
+         : codec == "libvpx-vp9" ? "webm"
+                                 : "mp4") +
+        " '" + path.string() + "'";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
@@ -101,9 +103,9 @@ TEST(VideoPrepIntegration, MixedFolderBecomesAVerifiedCacheOfWindowsAndRerunsLoa
         EXPECT_EQ(w.bucket.frames, 5);
         EXPECT_EQ(w.stage, schema::kDecodeVideoStage);
         // The latent of a 5-frame window: 2 latent frames at 1/8 of the bucket.
-        auto latent = sf::storage::CacheReader(sf::storage::Cache::open(o.cache_dir),
-                                               schema::kLatentsDb)
-                          .get(w.latent_key);
+        auto latent =
+            sf::storage::CacheReader(sf::storage::Cache::open(o.cache_dir), schema::kLatentsDb)
+                .get(w.latent_key);
         ASSERT_TRUE(latent);
         const auto t = sf::storage::from_tensor_data(latent->tensors.at(schema::kLatent));
         EXPECT_EQ(t.sizes(), (std::vector<int64_t>{8, 2, w.bucket.height / 8, w.bucket.width / 8}));
@@ -147,7 +149,10 @@ TEST(VideoPrepIntegration, ClipsNeedTheVideoVAEAndBadClipsAreRejectedWithTheirRe
     std::string bytes = sf::test::read_file(data2 / "long.avi");
     bytes.resize(bytes.size() / 2);
     sf::test::write_file(data2 / "long.avi", bytes);
-    std::string junk("\0\0\0\x18" "ftypisom\0\0\0\0isomiso2", 24);
+    std::string junk(
+        "\0\0\0\x18"
+        "ftypisom\0\0\0\0isomiso2",
+        24);
     junk += std::string(5000, '\x5a');
     sf::test::write_file(data2 / "junk.mp4", junk);
     make_clip(data2 / "good.webm", 1, 8, "libvpx-vp9");  // 8 frames: 1 window
