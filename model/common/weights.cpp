@@ -56,8 +56,15 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
                                             shape_string(tensor.sizes())));
         }
     }
+    auto is_ignored = [&](const std::string& name) {
+        if (ignored.count(name) != 0) return true;
+        for (const std::string& prefix : options.ignore_prefixes) {
+            if (name.rfind(prefix, 0) == 0) return true;
+        }
+        return false;
+    };
     for (const std::string& name : checkpoint.names()) {
-        if (!wanted.count(name) && !ignored.count(name)) unexpected.push_back(name);
+        if (!wanted.count(name) && !is_ignored(name)) unexpected.push_back(name);
     }
     if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
         std::string msg = fmt::format("weights {} do not fit the model:", path);

@@ -21,6 +21,8 @@ struct LoadOptions {
     std::optional<at::ScalarType> dtype;
     // Checkpoint keys to skip, e.g. a head the module does not have. Exact names.
     std::vector<std::string> ignore;
+    // Checkpoint keys to skip by prefix, e.g. "decoder." for a VAE built without its decoder.
+    std::vector<std::string> ignore_prefixes;
 };
 
 struct LoadReport {

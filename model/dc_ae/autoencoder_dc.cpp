@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "model/common/tile_blend.h"
-#include "storage/safetensors_file.h"
 
 namespace sf::model {
 namespace {
@@ -238,14 +237,7 @@ torch::Tensor AutoencoderDCImpl::decode_tiled(const torch::Tensor& latent, const
 LoadReport load_autoencoder_dc_weights(AutoencoderDC& model, const std::string& path,
                                        const LoadOptions& options) {
     LoadOptions opts = options;
-    if (!model->has_decoder()) {
-        // Only the names are needed here: load_weights verifies the file when it reads it.
-        const auto checkpoint =
-            storage::SafetensorsCheckpoint::open(path, storage::ChecksumPolicy::kSkip);
-        for (const std::string& name : checkpoint.names()) {
-            if (name.rfind("decoder.", 0) == 0) opts.ignore.push_back(name);
-        }
-    }
+    if (!model->has_decoder()) opts.ignore_prefixes.push_back("decoder.");
     return load_weights(*model, path, opts);
 }
 

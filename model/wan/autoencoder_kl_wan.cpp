@@ -11,7 +11,6 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "model/common/tile_blend.h"
-#include "storage/safetensors_file.h"
 
 namespace sf::model {
 namespace {
@@ -266,14 +265,8 @@ LoadReport load_autoencoder_kl_wan_weights(AutoencoderKLWan& model, const std::s
                                            const LoadOptions& options) {
     LoadOptions opts = options;
     if (!model->has_decoder()) {
-        // Only the names are needed here: load_weights verifies the file when it reads it.
-        const auto checkpoint =
-            storage::SafetensorsCheckpoint::open(path, storage::ChecksumPolicy::kSkip);
-        for (const std::string& name : checkpoint.names()) {
-            if (name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0) {
-                opts.ignore.push_back(name);
-            }
-        }
+        opts.ignore_prefixes.push_back("decoder.");
+        opts.ignore_prefixes.push_back("post_quant_conv.");
     }
     return load_weights(*model, path, opts);
 }

@@ -179,17 +179,7 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
             rejected_keys.insert(todo[static_cast<size_t>(r.index)]->sample_key);
         });
 
-    graph::RunStats stats;
-    try {
-        stats = pipeline.run();
-    } catch (...) {
-        // What the sink accepted before the failure is committed; the rerun does the rest.
-        if (latents_writer) latents_writer->flush();
-        samples_writer.flush();
-        throw;
-    }
-    if (latents_writer) latents_writer->flush();
-    samples_writer.flush();
+    const graph::RunStats stats = run_and_commit(pipeline, {latents_writer.get(), &samples_writer});
     const int64_t image_peak = need_vae ? mem::cpu_stats().peak : 0;
     vae.reset();  // frees the VAE, marks memory, empties the CUDA cache
     video_vae.reset();

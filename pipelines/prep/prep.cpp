@@ -30,6 +30,24 @@ std::string read_file(const std::string& path, int64_t max_bytes) {
     return bytes;
 }
 
+graph::RunStats run_and_commit(graph::LinearPipeline& pipeline,
+                               const std::vector<storage::CacheWriter*>& writers) {
+    auto flush = [&] {
+        for (storage::CacheWriter* w : writers) {
+            if (w != nullptr) w->flush();
+        }
+    };
+    graph::RunStats stats;
+    try {
+        stats = pipeline.run();
+    } catch (...) {
+        flush();
+        throw;
+    }
+    flush();
+    return stats;
+}
+
 void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r) {
     // Stages prefix reasons with the file name; the reject list keys by it.
     const std::string source = r.label.empty() ? fmt::format("item {}", r.index) : r.label;

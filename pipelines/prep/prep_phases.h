@@ -95,6 +95,10 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
 // --- Shared helpers (prep.cpp) -------------------------------------------------------------
 // The whole file, rejected (sf::Reject) when it cannot be read or is larger than `max_bytes`.
 std::string read_file(const std::string& path, int64_t max_bytes);
+// Runs `pipeline`; the writers are flushed whether it ends or fails, so what its sink accepted
+// before a failure is committed and a rerun does the rest.
+graph::RunStats run_and_commit(graph::LinearPipeline& pipeline,
+                               const std::vector<storage::CacheWriter*>& writers);
 // Reports a pipeline reject to the cache's reject list.
 void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r);
 double seconds_since(std::chrono::steady_clock::time_point t0);

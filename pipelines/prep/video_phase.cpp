@@ -239,17 +239,7 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
             ++report.rejected;
         });
 
-    graph::RunStats stats;
-    try {
-        stats = pipeline.run();
-    } catch (...) {
-        // What the sink accepted before the failure is committed; the rerun does the rest.
-        if (latents_writer) latents_writer->flush();
-        samples_writer.flush();
-        throw;
-    }
-    if (latents_writer) latents_writer->flush();
-    samples_writer.flush();
+    const graph::RunStats stats = run_and_commit(pipeline, {latents_writer.get(), &samples_writer});
     vae.reset();  // frees the VAE, marks memory, empties the CUDA cache
     lease.release();
     const mem::Mark after = memlog.mark("prep", "after video phase");

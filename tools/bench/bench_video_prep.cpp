@@ -2,11 +2,11 @@
 // 1x, 4x and 16x length, cut into fixed windows (`chunk` mode), each prep run in a child process
 // of its own so that its peak RSS is its own (wait4). 1x is two windows: the least that fills the
 // pipeline (one window decoded while the other is encoded; a one-window clip never has two in
-// flight, measured 0.89x the RSS of two, flat from there on). Prints per length the windows, frames/s,
-// the video phase's peak counted tensor bytes and the process's peak RSS; then decode-only
-// frames/s of sanaflow's streamed decoder against the `ffmpeg` program decoding the same clip
-// with the same thread count (`ffmpeg -threads 1 -i clip -f null -`, and with the scaling to the
-// bucket that sanaflow does). The last line is ratio=<peak RSS at 16x / peak RSS at 1x>
+// flight, measured 0.89x the RSS of two, flat from there on). Prints per length the windows,
+// frames/s, the video phase's peak counted tensor bytes and the process's peak RSS; then
+// decode-only frames/s of sanaflow's streamed decoder against the `ffmpeg` program decoding the
+// same clip with the same thread count (`ffmpeg -threads 1 -i clip -f null -`, and with the scaling
+// to the bucket that sanaflow does). The last line is ratio=<peak RSS at 16x / peak RSS at 1x>
 // (target: 1.1 or lower).
 //
 //   bench_video_prep [--window N] [--fps N]
@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
     sf::set_log_level(sf::LogLevel::kWarn);
     sf::mem::install_counting_allocator();
     sf::set_torch_threads();
-    const fs::path root = fs::temp_directory_path() / ("sf_bench_video_" + std::to_string(::getpid()));
+    const fs::path root =
+        fs::temp_directory_path() / ("sf_bench_video_" + std::to_string(::getpid()));
 
     std::printf("prep of one clip, %d-frame windows (chunk), tiny Wan VAE, %d torch threads\n",
                 window, sf::torch_threads());
@@ -134,8 +135,9 @@ int main(int argc, char** argv) {
         const int frames = 2 * window * times;
         make_clip(dir / "data" / "clip.mp4", frames, fps);
         const Result r = prep_in_child(dir, window);
-        std::printf("%-7s %8d %8lld %10.1f %14s %11.1f MiB\n", (std::to_string(times) + "x").c_str(),
-                    frames, static_cast<long long>(r.windows), frames / r.seconds,
+        std::printf("%-7s %8d %8lld %10.1f %14s %11.1f MiB\n",
+                    (std::to_string(times) + "x").c_str(), frames,
+                    static_cast<long long>(r.windows), frames / r.seconds,
                     sf::format_bytes(r.tensor_peak).c_str(), r.rss_peak_kb / 1024.0);
         if (times == 1) rss_1x = r.rss_peak_kb;
         if (times == 16) rss_16x = r.rss_peak_kb;
@@ -153,15 +155,16 @@ int main(int argc, char** argv) {
     const auto windows = decoder.plan(info);
     int64_t delivered = 0;
     double t0 = now_seconds();
-    decoder.decode(longest.string(), windows, [&](size_t, int64_t, const at::Tensor&) { ++delivered; });
+    decoder.decode(longest.string(), windows,
+                   [&](size_t, int64_t, const at::Tensor&) { ++delivered; });
     const double ours = static_cast<double>(delivered) / (now_seconds() - t0);
     t0 = now_seconds();
     run("ffmpeg -loglevel error -threads 1 -i '" + longest.string() + "' -f null -");
     const double plain = static_cast<double>(info.frame_count) / (now_seconds() - t0);
     t0 = now_seconds();
-    run("ffmpeg -loglevel error -threads 1 -i '" + longest.string() + "' -vf scale=" +
-        std::to_string(info.bucket.width) + ":" + std::to_string(info.bucket.height) +
-        ":flags=bicubic -pix_fmt rgb24 -f null -");
+    run("ffmpeg -loglevel error -threads 1 -i '" + longest.string() +
+        "' -vf scale=" + std::to_string(info.bucket.width) + ":" +
+        std::to_string(info.bucket.height) + ":flags=bicubic -pix_fmt rgb24 -f null -");
     const double scaled = static_cast<double>(info.frame_count) / (now_seconds() - t0);
     std::printf(
         "decode only (%lld frames to %dx%d RGB, 1 thread): sanaflow %.0f frames/s; ffmpeg -f null "
