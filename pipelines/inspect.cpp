@@ -15,31 +15,13 @@
 
 namespace sf::pipelines {
 
-InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
-    storage::CacheOptions options;
-    options.create = false;
-    options.read_only = true;
-    storage::Cache cache = storage::Cache::open(cache_dir, options);
-    InspectResult result;
-    std::string& out = result.text;
+namespace {
 
-    out += fmt::format("cache {}\n", cache_dir);
-    out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", "db", "entries", "stored",
-                       "uncompressed", "ratio");
-    for (const auto& s : cache.stats()) {
-        const bool is_record_db = !storage::is_reserved_db(s.db);
-        const std::string ratio =
-            is_record_db && s.stored_bytes > 0
-                ? fmt::format("{:.2f}", static_cast<double>(s.uncompressed_bytes) /
-                                            static_cast<double>(s.stored_bytes))
-                : "-";
-        out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", s.db, s.entries,
-                           format_bytes(s.stored_bytes),
-                           is_record_db ? format_bytes(s.uncompressed_bytes) : "-", ratio);
-    }
-
-    // Records per bucket, from each record's metadata; caption features have no bucket, so the
-    // text db gets their token counts instead (a power-of-two histogram and the range).
+// Records per bucket, from each record's metadata; caption features have no bucket, so the
+// text db gets their token counts instead (a power-of-two histogram and the range); video
+// windows are counted per clip.
+std::string record_summaries(storage::Cache& cache) {
+    std::string out;
     for (const std::string& db : cache.record_dbs()) {
         std::map<std::string, int64_t> buckets;
         std::map<std::string, int64_t> windows_per_clip;  // video windows' sample records by clip
@@ -98,6 +80,36 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
                 static_cast<double>(all) / static_cast<double>(windows_per_clip.size()), most);
         }
     }
+
+    return out;
+}
+
+}  // namespace
+
+InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
+    storage::CacheOptions options;
+    options.create = false;
+    options.read_only = true;
+    storage::Cache cache = storage::Cache::open(cache_dir, options);
+    InspectResult result;
+    std::string& out = result.text;
+
+    out += fmt::format("cache {}\n", cache_dir);
+    out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", "db", "entries", "stored",
+                       "uncompressed", "ratio");
+    for (const auto& s : cache.stats()) {
+        const bool is_record_db = !storage::is_reserved_db(s.db);
+        const std::string ratio =
+            is_record_db && s.stored_bytes > 0
+                ? fmt::format("{:.2f}", static_cast<double>(s.uncompressed_bytes) /
+                                            static_cast<double>(s.stored_bytes))
+                : "-";
+        out += fmt::format("{:<14} {:>9} {:>12} {:>14} {:>7}\n", s.db, s.entries,
+                           format_bytes(s.stored_bytes),
+                           is_record_db ? format_bytes(s.uncompressed_bytes) : "-", ratio);
+    }
+
+    out += record_summaries(cache);
 
     out += "fingerprints:\n";
     for (const auto& [stage, fp] : cache.fingerprints()) {

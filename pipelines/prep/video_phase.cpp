@@ -75,6 +75,12 @@ public:
     bool next(std::any& out) {
         while (next_ < todo_.size()) {
             WindowItem item = std::move(todo_[next_++]);
+            if (!item.need_latent) {
+                // Only the sample record is missing (or prep runs without a VAE): its fields
+                // come from the probe, no frame is needed.
+                out = std::move(item);
+                return true;
+            }
             const auto result = stages_.video_decoder->decode(
                 plan_.sample.path, {item.window},
                 [&](size_t, int64_t, const at::Tensor& rgb) { item.frames.push_back(rgb); });
