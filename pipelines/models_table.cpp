@@ -6,6 +6,7 @@
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2_config.h"
 #include "model/sana/sana_config.h"
+#include "model/sana_video/sana_video_config.h"
 #include "model/wan/wan_vae_config.h"
 
 namespace sf::pipelines {
@@ -30,6 +31,11 @@ std::string models_table() {
     for (const std::string& name : model::SanaTransformerConfig::names()) {
         out += row(name, "SanaTransformer2DModel",
                    model::sana_parameter_count(model::SanaTransformerConfig::named(name)));
+    }
+    for (const std::string& name : model::SanaVideoTransformerConfig::names()) {
+        out +=
+            row(name, "SanaVideoTransformer3DModel",
+                model::sana_video_parameter_count(model::SanaVideoTransformerConfig::named(name)));
     }
     for (const std::string& name : model::AutoencoderDCConfig::names()) {
         const auto config = model::AutoencoderDCConfig::named(name);

@@ -14,17 +14,6 @@ namespace {
 
 namespace nn = torch::nn;
 
-// Upstream's output projection is to_out = [Linear, Dropout]; the ModuleList names them "0", "1".
-nn::ModuleList make_to_out(int64_t in, int64_t out, double dropout, nn::Linear& proj,
-                           nn::Dropout& drop) {
-    proj = nn::Linear(nn::LinearOptions(in, out).bias(true));
-    drop = nn::Dropout(nn::DropoutOptions(dropout));
-    nn::ModuleList list;
-    list->push_back(proj);
-    list->push_back(drop);
-    return list;
-}
-
 // The half of get_2d_sincos_pos_embed_from_grid for one axis: [M] positions -> [M, dim], sin
 // then cos. The positions arrive in fp32 as upstream makes them; the frequencies and the products
 // are fp64 there (numpy / torch.float64), and only the result is cast to fp32.
@@ -37,6 +26,16 @@ at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
 }
 
 }  // namespace
+
+nn::ModuleList make_attention_output(int64_t in, int64_t out, double dropout, nn::Linear& proj,
+                                     nn::Dropout& drop) {
+    proj = nn::Linear(nn::LinearOptions(in, out).bias(true));
+    drop = nn::Dropout(nn::DropoutOptions(dropout));
+    nn::ModuleList list;
+    list->push_back(proj);
+    list->push_back(drop);
+    return list;
+}
 
 at::Tensor sana_timestep_features(const at::Tensor& timestep, int64_t dim) {
     const int64_t half = dim / 2;
@@ -141,7 +140,8 @@ SanaLinearAttentionImpl::SanaLinearAttentionImpl(int64_t dim, int64_t heads_, in
     to_q = register_module("to_q", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
     to_k = register_module("to_k", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
     to_v = register_module("to_v", nn::Linear(nn::LinearOptions(dim, inner).bias(bias)));
-    to_out = register_module("to_out", make_to_out(inner, dim, dropout, out_proj, out_dropout));
+    to_out = register_module("to_out",
+                             make_attention_output(inner, dim, dropout, out_proj, out_dropout));
 }
 
 at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
@@ -172,13 +172,19 @@ at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
 }
 
 SanaCrossAttentionImpl::SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads_,
-                                               int64_t head_dim_, double dropout)
+                                               int64_t head_dim_, double dropout, bool qk_norm)
     : heads(heads_), head_dim(head_dim_) {
     const int64_t inner = heads * head_dim;
     to_q = register_module("to_q", nn::Linear(dim, inner));
     to_k = register_module("to_k", nn::Linear(context_dim, inner));
     to_v = register_module("to_v", nn::Linear(context_dim, inner));
-    to_out = register_module("to_out", make_to_out(inner, dim, dropout, out_proj, out_dropout));
+    if (qk_norm) {
+        // diffusers' Attention builds them with its default eps, 1e-5.
+        norm_q = register_module("norm_q", SanaRMSNorm(inner, 1e-5));
+        norm_k = register_module("norm_k", SanaRMSNorm(inner, 1e-5));
+    }
+    to_out = register_module("to_out",
+                             make_attention_output(inner, dim, dropout, out_proj, out_dropout));
 }
 
 at::Tensor SanaCrossAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k,
@@ -192,8 +198,14 @@ at::Tensor SanaCrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor
     auto split_heads = [&](const at::Tensor& t) {
         return t.view({batch, -1, heads, head_dim}).transpose(1, 2);  // [B, L, C] -> [B, H, L, d]
     };
-    const at::Tensor q = split_heads(apply_linear(to_q, x));  // [B, H, N, d]
-    const at::Tensor k = split_heads(apply_linear(to_k, context));
+    at::Tensor q = apply_linear(to_q, x);
+    at::Tensor k = apply_linear(to_k, context);
+    if (norm_q) {
+        q = norm_q(q);
+        k = norm_k(k);
+    }
+    q = split_heads(q);  // [B, H, N, d]
+    k = split_heads(k);
     const at::Tensor v = split_heads(apply_linear(to_v, context));
     at::Tensor out = attend(q, k, v, bias);                            // [B, H, N, d]
     out = out.transpose(1, 2).reshape({batch, -1, heads * head_dim});  // [B, H, N, d] -> [B, N, C]

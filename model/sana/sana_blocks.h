@@ -34,6 +34,11 @@ at::Tensor sana_timestep_features(const at::Tensor& timestep, int64_t dim);
 at::Tensor sana_sincos_pos_embed(int64_t dim, int64_t height, int64_t width, int64_t base_size,
                                  double interpolation_scale, const at::Device& device);
 
+// Upstream's attention output, to_out = [Linear(in, out), Dropout]: the ModuleList names them "0"
+// and "1"; `proj` and `drop` are set to its two modules.
+torch::nn::ModuleList make_attention_output(int64_t in, int64_t out, double dropout,
+                                            torch::nn::Linear& proj, torch::nn::Dropout& drop);
+
 // TimestepEmbedding: linear_1 -> SiLU -> linear_2.
 struct SanaTimestepEmbeddingImpl : torch::nn::Module {
     SanaTimestepEmbeddingImpl(int64_t in_features, int64_t dim);
@@ -105,15 +110,18 @@ TORCH_MODULE(SanaLinearAttention);
 // Softmax cross-attention from the image tokens to the caption tokens, every projection with a
 // bias. The attention itself is one function, attend(), running the kernel this module is set
 // to (SanaTransformerImpl::set_attention): dense by default, chunked or fused to save memory.
+// With `qk_norm` (SANA-Video's "rms_norm_across_heads") q and k get an RMSNorm over all heads
+// (norm_q, norm_k, eps 1e-5) before the heads are split.
 struct SanaCrossAttentionImpl : torch::nn::Module {
     SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads, int64_t head_dim,
-                           double dropout);
+                           double dropout, bool qk_norm = false);
     // x [B, N, D], context [B, L, context_dim], bias [B, 1, 1, L] or undefined -> [B, N, D]
     at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias);
     // q [B, H, N, d], k and v [B, H, L, d] -> [B, H, N, d]
     at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& bias) const;
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+    SanaRMSNorm norm_q{nullptr}, norm_k{nullptr};  // null without qk_norm
     torch::nn::ModuleList to_out{nullptr};
     torch::nn::Linear out_proj{nullptr};      // to_out[0]
     torch::nn::Dropout out_dropout{nullptr};  // to_out[1]

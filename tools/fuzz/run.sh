@@ -5,6 +5,8 @@
 #   bash tools/fuzz/run.sh                 every target for 30 s (CI runs 15 s: tools/test.sh --fuzz)
 #   bash tools/fuzz/run.sh --seconds 600   longer
 #   bash tools/fuzz/run.sh --runs 10000000 record index     a number of executions, some targets
+#   nice bash tools/fuzz/run.sh --timeout 120 --runs 10000000 yaml   a long run beside other work
+#                                           (one input slower than --timeout, default 20 s, is a finding)
 #
 # Prints one line per target with its executions; a crash, leak or sanitizer report stops with
 # the input saved under build-fuzz/findings/ and a non-zero exit. Corpora grow across runs in
@@ -14,12 +16,14 @@ cd "$(dirname "$0")/../.."
 
 seconds=30
 runs=0
+timeout=20
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --timeout) timeout="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -65,7 +69,7 @@ for t in "${targets[@]}"; do
     *) max_len=65536 ;;
   esac
   if "build-fuzz/fuzz_$t" "build-fuzz/corpus/$t" "build-fuzz/seeds/$t" "${limit[@]}" \
-      -max_len="$max_len" -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+      -max_len="$max_len" -rss_limit_mb=2048 -timeout="$timeout" -print_final_stats=1 \
       -artifact_prefix="build-fuzz/findings/$t-" >"$log" 2>&1; then
     result=ok
   else
