@@ -1,6 +1,7 @@
-// Shared by the integration tests: generated datasets and the program's path.
+// Shared by the integration tests: generated datasets and clips, and the program's path.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -38,6 +39,37 @@ inline sf::pipelines::PrepOptions options_for(const TempDir& tmp) {
     o.resolution = 512;
     o.min_side = 128;
     o.commit_batch = 4;
+    return o;
+}
+
+inline bool have_ffmpeg() { return std::system("ffmpeg -version >/dev/null 2>&1") == 0; }
+
+#define REQUIRE_FFMPEG()                                         \
+    if (!sf::test::have_ffmpeg())                                \
+    GTEST_SKIP() << "the ffmpeg program is needed to make test " \
+                    "clips"
+
+// A test-pattern clip of `seconds` at `fps`, 64 x 48, encoded with `codec` into `path`.
+inline void make_clip(const std::filesystem::path& path, double seconds, int fps,
+                      const std::string& codec, const std::string& extra = "") {
+    const std::string cmd =
+        "ffmpeg -loglevel error -y -f lavfi -i testsrc=size=64x48:rate=" + std::to_string(fps) +
+        " -t " + std::to_string(seconds) + " -c:v " + codec + " " + extra + " -f " +
+        (codec == "mpeg4"        ? "avi"
+         : codec == "libvpx-vp9" ? "webm"
+                                 : "mp4") +
+        " '" + path.string() + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// Prep of 64 x 48 clips through the Wan VAE into 5-frame chunk windows.
+inline sf::pipelines::PrepOptions video_options(const TempDir& tmp) {
+    sf::pipelines::PrepOptions o = options_for(tmp);
+    o.vae_kind = "wan";
+    o.min_side = 32;  // the clips are 64 x 48
+    o.windows.frame_extraction = sf::stages::FrameExtraction::kChunk;
+    o.windows.target_frames = {5};
+    o.commit_batch = 1;
     return o;
 }
 

@@ -28,36 +28,11 @@ namespace {
 namespace fs = std::filesystem;
 using sf::pipelines::PrepOptions;
 using sf::pipelines::run_prep;
+using sf::test::have_ffmpeg;
+using sf::test::make_clip;
 using sf::test::TempDir;
+using sf::test::video_options;
 namespace schema = sf::storage::schema;
-
-bool have_ffmpeg() { return std::system("ffmpeg -version >/dev/null 2>&1") == 0; }
-
-#define REQUIRE_FFMPEG() \
-    if (!have_ffmpeg()) GTEST_SKIP() << "the ffmpeg program is needed to make test clips"
-
-// A test-pattern clip of `seconds` at `fps`, 64 x 48, encoded with `codec` into `path`.
-void make_clip(const fs::path& path, double seconds, int fps, const std::string& codec,
-               const std::string& extra = "") {
-    const std::string cmd =
-        "ffmpeg -loglevel error -y -f lavfi -i testsrc=size=64x48:rate=" + std::to_string(fps) +
-        " -t " + std::to_string(seconds) + " -c:v " + codec + " " + extra + " -f " +
-        (codec == "mpeg4"        ? "avi"
-         : codec == "libvpx-vp9" ? "webm"
-                                 : "mp4") +
-        " '" + path.string() + "'";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
-
-PrepOptions video_options(const TempDir& tmp) {
-    PrepOptions o = sf::test::options_for(tmp);
-    o.vae_kind = "wan";
-    o.min_side = 32;  // the clips are 64 x 48
-    o.windows.frame_extraction = sf::stages::FrameExtraction::kChunk;
-    o.windows.target_frames = {5};
-    o.commit_batch = 1;
-    return o;
-}
 
 int64_t count(const std::string& cache_dir, const char* db) {
     return static_cast<int64_t>(

@@ -92,8 +92,8 @@ TEST(SanaVideoGolden, TrainingStepLossAndEveryGradientMatchUpstream) {
     expect_close(x_t, r.at("hidden_states"), 1e-6, 1e-7, "x_t");
     expect_close(target, r.at("target"), 1e-6, 1e-7, "target");
 
-    const at::Tensor sample = model(x_t, r.at("encoder_hidden_states"), r.at("timestep"),
-                                    r.at("encoder_attention_mask"));
+    const at::Tensor sample =
+        model(x_t, r.at("encoder_hidden_states"), r.at("timestep"), r.at("encoder_attention_mask"));
     const at::Tensor loss = torch::mse_loss(sample, target);
     loss.backward();
     expect_close(sample, r.at("sample"), kForwardRtol, kForwardAtol, "train sample");
@@ -215,8 +215,8 @@ TEST(SanaVideoConfig, RefusesBadFieldsNamingThem) {
         "cross_attention_dim");
     expect_invalid(
         [] {
-            SanaVideoTransformerConfig::from_json(
-                R"({"_class_name": "SanaTransformer2DModel"})", "c");
+            SanaVideoTransformerConfig::from_json(R"({"_class_name": "SanaTransformer2DModel"})",
+                                                  "c");
         },
         "SanaTransformer2DModel");
     expect_invalid([] { SanaVideoTransformerConfig::named("sana-video-9b"); }, "sana-video-tiny");

@@ -39,8 +39,9 @@ std::pair<at::Tensor, at::Tensor> sana_video_rotary(int64_t head_dim, const Vide
 
     const auto f64 = at::TensorOptions().dtype(at::kDouble);
     const at::Tensor freq = at::tensor(freqs, f64);  // [d]
-    const at::Tensor f = at::arange(grid.frames, f64).view({-1, 1, 1}).expand(
-        {grid.frames, grid.height, grid.width});
+    const at::Tensor f = at::arange(grid.frames, f64)
+                             .view({-1, 1, 1})
+                             .expand({grid.frames, grid.height, grid.width});
     const at::Tensor h = at::arange(grid.height, f64).view({1, -1, 1}).expand_as(f);
     const at::Tensor w = at::arange(grid.width, f64).view({1, 1, -1}).expand_as(f);
     const at::Tensor positions = at::stack({f.reshape({-1}), h.reshape({-1}), w.reshape({-1})}, 1);
@@ -73,8 +74,8 @@ SanaVideoLinearAttentionImpl::SanaVideoLinearAttentionImpl(int64_t dim, int64_t 
         norm_q = register_module("norm_q", SanaRMSNorm(inner, 1e-5));
         norm_k = register_module("norm_k", SanaRMSNorm(inner, 1e-5));
     }
-    to_out =
-        register_module("to_out", make_attention_output(inner, dim, dropout, out_proj, out_dropout));
+    to_out = register_module("to_out",
+                             make_attention_output(inner, dim, dropout, out_proj, out_dropout));
 }
 
 at::Tensor SanaVideoLinearAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
@@ -99,8 +100,8 @@ at::Tensor SanaVideoLinearAttentionImpl::forward(const at::Tensor& x, const at::
     // sum_j k_j . q_n from the un-rotated q and k, in the input dtype: [B, H, 1, N].
     const at::Tensor z = 1 / (at::matmul(k.sum(-1, /*keepdim=*/true).transpose(-2, -1), q) + 1e-15);
     const at::Tensor kv = at::matmul(v, k_rot.transpose(-1, -2));  // [B, H, d, d]
-    at::Tensor out = at::matmul(kv, q_rot) * z;                     // [B, H, d, N]
-    out = out.flatten(1, 2).transpose(1, 2).to(dtype);              // -> [B, N, H * d]
+    at::Tensor out = at::matmul(kv, q_rot) * z;                    // [B, H, d, N]
+    out = out.flatten(1, 2).transpose(1, 2).to(dtype);             // -> [B, N, H * d]
     return out_dropout(apply_linear(out_proj, out));
 }
 
@@ -124,7 +125,8 @@ at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGri
     const auto halves = y.chunk(2, 1);
     y = conv_point(halves[0] * torch::silu(halves[1]));  // [B * f, D, h, w]
     // Over frames: [B * f, D, h, w] -> [B, D, f, h * w], a 3-tap conv along f.
-    const at::Tensor t = y.reshape({batch, g.frames, dim, g.height * g.width}).permute({0, 2, 1, 3});
+    const at::Tensor t =
+        y.reshape({batch, g.frames, dim, g.height * g.width}).permute({0, 2, 1, 3});
     y = t + conv_temp(t);
     return y.permute({0, 2, 3, 1}).reshape({batch, -1, dim});  // -> [B, N, D]
 }
@@ -140,7 +142,7 @@ std::pair<at::Tensor, at::Tensor> SanaVideoGuidanceEmbeddingImpl::forward(
     const at::Tensor& timestep, const at::Tensor& guidance, at::ScalarType dtype) {
     const at::Tensor t = timestep_embedder(sana_timestep_features(timestep, 256).to(dtype));
     const at::Tensor g = guidance_embedder(sana_timestep_features(guidance, 256).to(dtype));
-    const at::Tensor conditioning = t + g;                       // [M, D]
+    const at::Tensor conditioning = t + g;                     // [M, D]
     return {linear(torch::silu(conditioning)), conditioning};  // [M, 6D], [M, D]
 }
 

@@ -41,9 +41,9 @@ SanaVideoTransformerConfig from_object(const json& j, const std::string& where) 
     std::vector<int64_t> patch(c.patch_size.begin(), c.patch_size.end());
     r.integer_list("patch_size", patch);
     if (patch.size() != 3) {
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"patch_size\" must list 3 integers (frames, height, width), got {}", where,
-            patch.size()));
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"patch_size\" must list 3 integers (frames, height, width), got {}",
+                        where, patch.size()));
     }
     c.patch_size = {patch[0], patch[1], patch[2]};
     r.boolean("norm_elementwise_affine", c.norm_elementwise_affine);
@@ -221,7 +221,7 @@ int64_t sana_video_parameter_count(const SanaVideoTransformerConfig& c) {
     block += d * d * 3;                             // ff.conv_temp (3 frames, no bias)
     n += c.num_layers * block;
 
-    n += 2 * d;                                             // scale_shift_table
+    n += 2 * d;                                               // scale_shift_table
     n += linear(d, c.patch_volume() * c.out_channels, true);  // proj_out
     return n;
 }

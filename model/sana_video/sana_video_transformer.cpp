@@ -49,8 +49,7 @@ SanaVideoTransformerImpl::SanaVideoTransformerImpl(const SanaVideoTransformerCon
     }
     scale_shift_table =
         register_parameter("scale_shift_table", torch::randn({2, dim}) / std::sqrt(double(dim)));
-    proj_out =
-        register_module("proj_out", nn::Linear(dim, c.patch_volume() * c.out_channels));
+    proj_out = register_module("proj_out", nn::Linear(dim, c.patch_volume() * c.out_channels));
 }
 
 void SanaVideoTransformerImpl::check_inputs(const at::Tensor& x, const at::Tensor& context,
@@ -77,12 +76,13 @@ void SanaVideoTransformerImpl::check_inputs(const at::Tensor& x, const at::Tenso
                   fmt::format("[{}, L, {}] (batch, tokens, caption_channels)", batch,
                               c.caption_channels));
     }
-    const bool per_sample = timestep.defined() &&
-                            (timestep.dim() == 0 || (timestep.dim() == 1 && timestep.size(0) == batch));
-    const bool per_frame = timestep.defined() && timestep.dim() == 2 &&
-                           timestep.size(0) == batch && timestep.size(1) == f;
-    const bool per_token = timestep.defined() &&
-                           timestep.sizes() == at::IntArrayRef({batch, 1, f, h, w});
+    const bool per_sample =
+        timestep.defined() &&
+        (timestep.dim() == 0 || (timestep.dim() == 1 && timestep.size(0) == batch));
+    const bool per_frame = timestep.defined() && timestep.dim() == 2 && timestep.size(0) == batch &&
+                           timestep.size(1) == f;
+    const bool per_token =
+        timestep.defined() && timestep.sizes() == at::IntArrayRef({batch, 1, f, h, w});
     if (!per_sample && !per_frame && !per_token) {
         bad_input("timestep", timestep,
                   fmt::format("[{0}] or a scalar (per sample), [{0}, {1}] (per latent frame) or "
@@ -166,7 +166,7 @@ at::Tensor SanaVideoTransformerImpl::unembed(const at::Tensor& tokens,
     const auto& g = in.grid;
     // SanaModulatedNorm per group: LayerNorm without weights (eps 1e-6), shift and scale from
     // the table plus the embedded timestep.
-    const at::Tensor table = scale_shift_table.unsqueeze(0).unsqueeze(0);  // [1, 1, 2, D]
+    const at::Tensor table = scale_shift_table.unsqueeze(0).unsqueeze(0);    // [1, 1, 2, D]
     const auto mod = (table + in.embedded_timestep.unsqueeze(2)).unbind(2);  // [B, G, D] each
     at::Tensor x = at::layer_norm(tokens, {tokens.size(-1)}, {}, {}, 1e-6);
     x = proj_out(modulate_groups(x, mod[0], mod[1]));  // [B, N, p_t p_h p_w C]
@@ -225,8 +225,8 @@ std::vector<std::shared_ptr<torch::nn::Module>> SanaVideoTransformerImpl::blocks
 
 void SanaVideoTransformerImpl::set_attention(AttentionKernel kernel, int64_t chunk) {
     if (chunk < 1) {
-        throw Error::InvalidArgument(fmt::format(
-            "SanaVideoTransformer: attention chunk must be at least 1, got {}", chunk));
+        throw Error::InvalidArgument(
+            fmt::format("SanaVideoTransformer: attention chunk must be at least 1, got {}", chunk));
     }
     for (auto& block : blocks_) {
         block->attn2->attention_kernel = kernel;

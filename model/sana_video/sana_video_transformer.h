@@ -32,11 +32,11 @@ namespace sf::model {
 
 // What every block needs, computed once per forward from the model's inputs.
 struct SanaVideoBlockInputs {
-    at::Tensor tokens;             // [B, N, D] patch tokens
-    at::Tensor context;            // [B, L, D] projected and normalised caption tokens
-    at::Tensor context_bias;       // [B, 1, 1, L] additive mask, or undefined (no mask)
-    at::Tensor modulation;         // [B, G, 6D] time_embed output per group of tokens
-    at::Tensor embedded_timestep;  // [B, G, D] for the final modulated norm
+    at::Tensor tokens;                  // [B, N, D] patch tokens
+    at::Tensor context;                 // [B, L, D] projected and normalised caption tokens
+    at::Tensor context_bias;            // [B, 1, 1, L] additive mask, or undefined (no mask)
+    at::Tensor modulation;              // [B, G, 6D] time_embed output per group of tokens
+    at::Tensor embedded_timestep;       // [B, G, D] for the final modulated norm
     at::Tensor rotary_cos, rotary_sin;  // [N, head_dim / 2]
     VideoGrid grid;                     // the patch grid
 };

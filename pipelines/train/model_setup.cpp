@@ -7,9 +7,11 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "model/common/config_json.h"
 #include "model/common/lora.h"
 #include "model/common/weights.h"
 #include "model/sana/sana_transformer.h"
+#include "model/sana_video/sana_video_transformer.h"
 #include "pipelines/train/train_setup.h"
 
 namespace sf::pipelines::training {
@@ -37,22 +39,18 @@ std::string transformer_dir(const std::string& path) {
         fmt::format("--pretrained_model_name_or_path {}: no transformer/config.json there", path));
 }
 
-model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSet& set,
-                                  std::string& source) {
-    model::SanaTransformerConfig config;
-    if (!o.pretrained_model_name_or_path.empty()) {
-        source = transformer_dir(o.pretrained_model_name_or_path);
-        config = model::SanaTransformerConfig::from_json_file(source);
-    } else if (!o.transformer_config.empty()) {
-        source = o.transformer_config + " (seeded)";
-        config = model::SanaTransformerConfig::from_json_file(o.transformer_config);
-    } else {
-        // The demo's tiny model takes its widths from the cache, whatever tiny encoders made it.
-        source = "sana-tiny (seeded)";
-        config = model::SanaTransformerConfig::named("sana-tiny");
-        config.in_channels = config.out_channels = set.latent_channels();
-        config.caption_channels = set.text_hidden();
-    }
+constexpr const char* kVideoClass = "SanaVideoTransformer3DModel";
+
+// The `_class_name` of a transformer config file or directory ("" when it names none).
+std::string config_class(const std::string& path) {
+    const model::ConfigFile file = model::read_config_file(path, "transformer config");
+    const auto it = file.json.find("_class_name");
+    return it != file.json.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// The widths a transformer takes must be the widths the cache holds.
+template <typename Config>
+void check_widths(const Config& config, const TrainOptions& o, const train::TrainingSet& set) {
     if (config.in_channels != set.latent_channels()) {
         throw Error::InvalidArgument(
             fmt::format("the transformer takes {} latent channels, the cache {} holds {}",
@@ -64,10 +62,65 @@ model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSe
                         "{}-wide ones (another text encoder?)",
                         config.caption_channels, o.cache_dir, set.text_hidden()));
     }
+}
+
+// Builds the model of `config`: seeded weights, replaced by the pretrained ones when `weights`
+// names a directory.
+template <typename Model, typename Config>
+std::shared_ptr<model::DiffusionTransformer> build(const Config& config, const TrainOptions& o,
+                                                   const train::TrainingSet& set,
+                                                   const std::string& weights) {
+    check_widths(config, o, set);
     torch::manual_seed(o.seed);
-    model::SanaTransformer m(config);
-    if (!o.pretrained_model_name_or_path.empty()) model::load_weights(*m, source);
-    return m;
+    Model m(config);
+    if (!weights.empty()) model::load_weights(*m, weights);
+    return m.ptr();
+}
+
+// The image transformer (SanaTransformer2DModel) for [C, h, w] latents, the video one
+// (SanaVideoTransformer3DModel) for [C, f, h, w] windows: the cache decides, and a config of the
+// other class is refused.
+std::shared_ptr<model::DiffusionTransformer> build_base(const TrainOptions& o,
+                                                        const train::TrainingSet& set,
+                                                        std::string& source) {
+    const bool video = set.latent_rank() == 4;
+    std::string config_file, weights;  // none: the built-in tiny model sized to the cache
+    if (!o.pretrained_model_name_or_path.empty()) {
+        source = weights = config_file = transformer_dir(o.pretrained_model_name_or_path);
+    } else if (!o.transformer_config.empty()) {
+        source = o.transformer_config + " (seeded)";
+        config_file = o.transformer_config;
+    }
+    if (!config_file.empty() && (config_class(config_file) == kVideoClass) != video) {
+        throw Error::InvalidArgument(fmt::format(
+            "{} is a {}, but the cache {} holds {}: train the {} on it", config_file,
+            video ? "SanaTransformer2DModel (images)" : kVideoClass, o.cache_dir,
+            video ? "video windows [C, f, h, w] (from --vae wan)" : "image latents [C, h, w]",
+            video ? kVideoClass : "SanaTransformer2DModel"));
+    }
+    if (video) {
+        model::SanaVideoTransformerConfig config;
+        if (config_file.empty()) {
+            source = "sana-video-tiny (seeded)";
+            config = model::SanaVideoTransformerConfig::named("sana-video-tiny");
+            config.in_channels = config.out_channels = set.latent_channels();
+            config.caption_channels = set.text_hidden();
+        } else {
+            config = model::SanaVideoTransformerConfig::from_json_file(config_file);
+        }
+        return build<model::SanaVideoTransformer>(config, o, set, weights);
+    }
+    model::SanaTransformerConfig config;
+    if (config_file.empty()) {
+        // The demo's tiny model takes its widths from the cache, whatever tiny encoders made it.
+        source = "sana-tiny (seeded)";
+        config = model::SanaTransformerConfig::named("sana-tiny");
+        config.in_channels = config.out_channels = set.latent_channels();
+        config.caption_channels = set.text_hidden();
+    } else {
+        config = model::SanaTransformerConfig::from_json_file(config_file);
+    }
+    return build<model::SanaTransformer>(config, o, set, weights);
 }
 
 }  // namespace
@@ -75,7 +128,7 @@ model::SanaTransformer build_sana(const TrainOptions& o, const train::TrainingSe
 std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOptions& o,
                                                                const train::TrainingSet& set,
                                                                std::string& source) {
-    std::shared_ptr<model::DiffusionTransformer> transformer = build_sana(o, set, source).ptr();
+    std::shared_ptr<model::DiffusionTransformer> transformer = build_base(o, set, source);
     if (o.rank > 0) {
         model::LoRAConfig lora;
         lora.rank = o.rank;

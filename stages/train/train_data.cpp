@@ -155,10 +155,17 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
     }
     const TrainingSample& first = set.samples_.front();
     const storage::Cache& c = *set.shards_[first.shard];
-    set.latent_channels_ =
+    const at::Tensor latent =
         tensor_of(*storage::CacheReader(c, schema::kLatentsDb).get(first.latent_key),
-                  schema::kLatent, first.latent_key)
-            .size(0);
+                  schema::kLatent, first.latent_key);
+    if (latent.dim() != 3 && latent.dim() != 4) {
+        throw Error::Corruption(
+            fmt::format("{}/{}/{}: a latent of {} dimensions; training reads [C, h, w] (images) or "
+                        "[C, f, h, w] (video windows)",
+                        c.dir(), schema::kLatentsDb, first.latent_key, latent.dim()));
+    }
+    set.latent_channels_ = latent.size(0);
+    set.latent_rank_ = latent.dim();
     set.text_hidden_ = tensor_of(*storage::CacheReader(c, schema::kTextDb).get(first.text_key),
                                  schema::kPromptEmbeds, first.text_key)
                            .size(1);

@@ -57,6 +57,9 @@ public:
     // bucket -> indices into samples(), buckets in name order.
     const std::map<Bucket, std::vector<int64_t>>& buckets() const { return buckets_; }
     int64_t latent_channels() const { return latent_channels_; }
+    // Dimensions of one sample's latent: 3 for an image [C, h, w], 4 for a video window
+    // [C, f, h, w] (what the video VAE makes, of images too: one-frame videos).
+    int64_t latent_rank() const { return latent_rank_; }
     int64_t text_hidden() const { return text_hidden_; }
     // XXH3-128 of every sample's keys, in order. The keys are content keys of the source bytes
     // and every encoder setting, so two sets hash alike only when they hold the same samples
@@ -79,7 +82,7 @@ private:
     std::vector<std::shared_ptr<storage::Cache>> shards_;
     std::vector<TrainingSample> samples_;
     std::map<Bucket, std::vector<int64_t>> buckets_;
-    int64_t latent_channels_ = 0, text_hidden_ = 0;
+    int64_t latent_channels_ = 0, latent_rank_ = 0, text_hidden_ = 0;
     int64_t damaged_ = 0;
     bool skip_damaged_ = false;
     // Indices into samples_ found damaged while training: load() is called from the training

@@ -1,0 +1,136 @@
+// Training on video windows (issue: video training): generated clips -> prep through the Wan VAE
+// -> train. The cache's [C, f, h, w] latents select the SANA-Video transformer; its loss falls;
+// its weights and config are saved in diffusers' layout; LoRA adapters carry diffusers' SANA-Video
+// keys and leave the base untouched; a resumed run ends where an uninterrupted one does; an image
+// transformer's config on a video cache is refused naming both.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "integration_util.h"
+#include "model/common/weights.h"
+#include "model/sana/sana_config.h"
+#include "pipelines/prep/prep.h"
+#include "pipelines/train/train.h"
+#include "storage/safetensors_file.h"
+#include "storage/tensor_convert.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using sf::pipelines::TrainOptions;
+using sf::test::TempDir;
+
+// Two 2-second clips at 8 fps: 16 frames each, three 5-frame chunk windows per clip.
+const std::string& video_cache() {
+    static TempDir tmp("sf_video_train_cache");
+    static const std::string cache = [&] {
+        fs::create_directories(tmp.path() / "data");
+        sf::test::make_clip(tmp.path() / "data" / "a.mp4", 2.0, 8, "libx264", "-pix_fmt yuv420p");
+        sf::test::write_file(tmp.path() / "data" / "a.txt", "a test pattern");
+        sf::test::make_clip(tmp.path() / "data" / "b.webm", 2.0, 8, "libvpx-vp9");
+        sf::test::write_file(tmp.path() / "data" / "b.txt", "another test pattern");
+        sf::pipelines::run_prep(sf::test::video_options(tmp));
+        return tmp.file("cache");
+    }();
+    return cache;
+}
+
+TrainOptions video_train_options(const std::string& out) {
+    TrainOptions o;
+    o.cache_dir = video_cache();
+    o.output_dir = out;
+    o.max_train_steps = 30;
+    o.train_batch_size = 2;
+    o.learning_rate = 2e-3;
+    o.checkpointing_steps = 0;
+    o.log_every = 1000;
+    return o;
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+    double s = 0;
+    for (size_t i = from; i < to; ++i) s += v[i];
+    return s / static_cast<double>(to - from);
+}
+
+std::map<std::string, at::Tensor> tensors_of(const std::string& path) {
+    const auto file = sf::storage::SafetensorsFile::open(path);
+    std::map<std::string, at::Tensor> out;
+    for (const auto& name : file.names())
+        out[name] = sf::storage::from_tensor_data(file.read(name));
+    return out;
+}
+
+TEST(TrainVideoIntegration, TinyVideoTransformerLowersItsLossAndSavesDiffusersLayout) {
+    REQUIRE_FFMPEG();
+    TempDir out("sf_video_train");
+    const auto report = sf::pipelines::run_train(video_train_options(out.file("run")));
+    ASSERT_EQ(report.losses.size(), 30u);
+    const double first = mean(report.losses, 0, 5), last = mean(report.losses, 25, 30);
+    EXPECT_LT(last, 0.8 * first) << "first " << first << " last " << last;
+
+    const auto config = nlohmann::json::parse(
+        sf::test::read_file(out.path() / "run" / "transformer" / "config.json"));
+    EXPECT_EQ(config.at("_class_name"), "SanaVideoTransformer3DModel");
+    EXPECT_EQ(config.at("patch_size"), nlohmann::json::array({1, 2, 2}));
+    const auto weights = tensors_of(report.weights_path);
+    ASSERT_TRUE(weights.count("patch_embedding.weight"));
+    EXPECT_EQ(weights.at("patch_embedding.weight").dim(), 5);
+    EXPECT_TRUE(weights.count("transformer_blocks.1.ff.conv_temp.weight"));
+    EXPECT_TRUE(weights.count("transformer_blocks.0.attn1.norm_q.weight"));
+}
+
+TEST(TrainVideoIntegration, LoRAHasDiffusersKeysAndResumesExactly) {
+    REQUIRE_FFMPEG();
+    TempDir out("sf_video_lora");
+    auto o = video_train_options(out.file("whole"));
+    o.rank = 4;
+    o.max_train_steps = 6;
+    o.checkpointing_steps = 3;
+    const auto whole = sf::pipelines::run_train(o);
+    const auto adapters = tensors_of(whole.weights_path);
+    // A and B for q, k, v of both attentions, 2 blocks; peft's names as diffusers' SANA-Video
+    // LoRA loader reads them.
+    EXPECT_EQ(adapters.size(), 2u * 6 * 2);
+    EXPECT_TRUE(adapters.count("transformer.transformer_blocks.0.attn1.to_q.lora_A.weight"));
+    EXPECT_TRUE(adapters.count("transformer.transformer_blocks.1.attn2.to_v.lora_B.weight"));
+
+    // Stopped after its checkpoint at step 3 and resumed: the same adapters, bit for bit.
+    auto first = video_train_options(out.file("split"));
+    first.rank = 4;
+    first.max_train_steps = 3;
+    first.checkpointing_steps = 3;
+    sf::pipelines::run_train(first);
+    first.max_train_steps = 6;
+    first.resume_from_checkpoint = "latest";
+    const auto resumed = sf::pipelines::run_train(first);
+    EXPECT_EQ(resumed.losses, whole.losses);
+    const auto again = tensors_of(resumed.weights_path);
+    for (const auto& [name, t] : adapters) {
+        ASSERT_TRUE(again.count(name)) << name;
+        EXPECT_TRUE(at::equal(again.at(name), t)) << name;
+    }
+}
+
+TEST(TrainVideoIntegration, AnImageTransformerConfigOnAVideoCacheIsRefused) {
+    REQUIRE_FFMPEG();
+    TempDir out("sf_video_wrong_model");
+    const auto config = sf::model::SanaTransformerConfig::named("sana-tiny");
+    sf::test::write_file(out.path() / "config.json", config.to_json());
+    auto o = video_train_options(out.file("run"));
+    o.transformer_config = out.file("config.json");
+    try {
+        sf::pipelines::run_train(o);
+        FAIL() << "an image transformer trained on video windows";
+    } catch (const sf::Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("SanaTransformer2DModel"), std::string::npos) << what;
+        EXPECT_NE(what.find("video windows"), std::string::npos) << what;
+    }
+}
+
+}  // namespace
