@@ -143,22 +143,8 @@ TEST(TrainIntegration, KilledAndResumedRunEqualsAnUninterruptedOne) {
                                         "--resume_from_checkpoint",
                                         "latest"};
     };
-    auto exec = [](const std::vector<std::string>& a) {
-        const pid_t pid = ::fork();
-        if (pid == 0) {
-            std::vector<char*> argv;
-            for (const auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
-            argv.push_back(nullptr);
-            ::execv(kSanaflow.c_str(), argv.data());
-            ::_exit(127);
-        }
-        return pid;
-    };
-    auto wait_exit = [](pid_t pid) {
-        int status = 0;
-        ::waitpid(pid, &status, 0);
-        return status;
-    };
+    auto exec = sf::test::start_sanaflow;
+    auto wait_exit = sf::test::wait_for;
     const std::string whole = out.file("whole"), killed = out.file("killed");
     ASSERT_EQ(wait_exit(exec(args(whole))), 0);
 

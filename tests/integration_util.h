@@ -1,11 +1,15 @@
 // Shared by the integration tests: generated datasets and clips, and the program's path.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <string>
+#include <vector>
 
 #include "pipelines/prep/prep.h"
 #include "test_util.h"
@@ -71,6 +75,26 @@ inline sf::pipelines::PrepOptions video_options(const TempDir& tmp) {
     o.windows.target_frames = {5};
     o.commit_batch = 1;
     return o;
+}
+
+// Starts the program with `args` (args[0] is its name) in a child process; returns its pid.
+inline pid_t start_sanaflow(const std::vector<std::string>& args) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        std::vector<char*> argv;
+        for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+        argv.push_back(nullptr);
+        ::execv(kSanaflow.c_str(), argv.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
+// The child's wait status.
+inline int wait_for(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return status;
 }
 
 }  // namespace sf::test

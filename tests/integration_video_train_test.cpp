@@ -4,9 +4,12 @@
 // keys and leave the base untouched; a resumed run ends where an uninterrupted one does; an image
 // transformer's config on a video cache is refused naming both.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "integration_util.h"
@@ -24,15 +27,31 @@ namespace fs = std::filesystem;
 using sf::pipelines::TrainOptions;
 using sf::test::TempDir;
 
-// Two 2-second clips at 8 fps: 16 frames each, three 5-frame chunk windows per clip.
+// Two 2-second clips at 8 fps (16 frames each: three 5-frame chunk windows per clip) in `dir`.
+void write_clips(const fs::path& dir) {
+    fs::create_directories(dir);
+    sf::test::make_clip(dir / "a.mp4", 2.0, 8, "libx264", "-pix_fmt yuv420p");
+    sf::test::write_file(dir / "a.txt", "a test pattern");
+    sf::test::make_clip(dir / "b.webm", 2.0, 8, "libvpx-vp9");
+    sf::test::write_file(dir / "b.txt", "another test pattern");
+}
+
 const std::string& video_cache() {
     static TempDir tmp("sf_video_train_cache");
     static const std::string cache = [&] {
-        fs::create_directories(tmp.path() / "data");
-        sf::test::make_clip(tmp.path() / "data" / "a.mp4", 2.0, 8, "libx264", "-pix_fmt yuv420p");
-        sf::test::write_file(tmp.path() / "data" / "a.txt", "a test pattern");
-        sf::test::make_clip(tmp.path() / "data" / "b.webm", 2.0, 8, "libvpx-vp9");
-        sf::test::write_file(tmp.path() / "data" / "b.txt", "another test pattern");
+        write_clips(tmp.path() / "data");
+        sf::pipelines::run_prep(sf::test::video_options(tmp));
+        return tmp.file("cache");
+    }();
+    return cache;
+}
+
+// The clips of video_cache() beside four images, through the same VAE (one-frame windows).
+const std::string& joint_cache() {
+    static TempDir tmp("sf_joint_train_cache");
+    static const std::string cache = [&] {
+        sf::test::write_dataset(tmp.path() / "data", 0, 4);
+        write_clips(tmp.path() / "data");
         sf::pipelines::run_prep(sf::test::video_options(tmp));
         return tmp.file("cache");
     }();
@@ -113,6 +132,69 @@ TEST(TrainVideoIntegration, LoRAHasDiffusersKeysAndResumesExactly) {
     for (const auto& [name, t] : adapters) {
         ASSERT_TRUE(again.count(name)) << name;
         EXPECT_TRUE(at::equal(again.at(name), t)) << name;
+    }
+}
+
+// SANA-Video's trainer: every 3rd step an image batch, image-to-video half the time, timestep
+// chunks; a run killed with SIGKILL after a checkpoint resumes both samplers, and ends with the
+// losses and weights of an uninterrupted run.
+TEST(TrainVideoIntegration, JointTrainingAlternatesAndAKilledRunResumesBothSamplers) {
+    REQUIRE_FFMPEG();
+    TempDir out("sf_joint_train");
+    auto args = [&](const std::string& dir) {
+        return std::vector<std::string>{"sanaflow",    "-q",
+                                        "train",       "--cache_dir",
+                                        joint_cache(), "--output_dir",
+                                        dir,           "--max_train_steps",
+                                        "12",          "--train_batch_size",
+                                        "1",           "--learning_rate",
+                                        "2e-3",        "--joint_training_interval",
+                                        "3",           "--i2v_probability",
+                                        "0.5",         "--chunk_index",
+                                        "0,1",         "--checkpointing_steps",
+                                        "4",           "--resume_from_checkpoint",
+                                        "latest"};
+    };
+    auto summary = [](const std::string& dir) {
+        return nlohmann::json::parse(sf::test::read_file(fs::path(dir) / "training_summary.json"));
+    };
+    const std::string whole = out.file("whole"), killed = out.file("killed");
+    ASSERT_EQ(sf::test::wait_for(sf::test::start_sanaflow(args(whole))), 0);
+    const auto frames = summary(whole).at("batch_frames_of_this_run").get<std::vector<int64_t>>();
+    ASSERT_EQ(frames.size(), 12u);
+    for (size_t s = 0; s < frames.size(); ++s) {
+        if (s > 0 && s % 3 == 0) {
+            EXPECT_EQ(frames[s], 1) << "step " << s + 1 << " should be an image batch";
+        } else {
+            EXPECT_GT(frames[s], 1) << "step " << s + 1 << " should be a video batch";
+        }
+    }
+
+    const pid_t child = sf::test::start_sanaflow(args(killed));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline &&
+           !fs::exists(killed + "/checkpoint-8/state.json")) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ::kill(child, SIGKILL);
+    ASSERT_TRUE(WIFSIGNALED(sf::test::wait_for(child))) << "the run ended before it was killed";
+    ASSERT_EQ(sf::test::wait_for(sf::test::start_sanaflow(args(killed))), 0);
+    EXPECT_EQ(summary(killed).at("losses"), summary(whole).at("losses"));
+    const std::string weights = "/transformer/diffusion_pytorch_model.safetensors";
+    EXPECT_EQ(sf::test::read_file(killed + weights), sf::test::read_file(whole + weights));
+    // The resumed run took steps 9..12 of the same alternation.
+    const auto resumed = summary(killed).at("batch_frames_of_this_run").get<std::vector<int64_t>>();
+    ASSERT_EQ(resumed.size(), 12u - summary(killed).at("first_step_of_this_run").get<size_t>());
+    EXPECT_TRUE(std::equal(resumed.begin(), resumed.end(), frames.end() - resumed.size()));
+
+    // Joint training needs both kinds in the cache.
+    auto o = video_train_options(out.file("videos_only"));
+    o.joint_training_interval = 2;
+    try {
+        sf::pipelines::run_train(o);
+        FAIL() << "joint training on a cache without images";
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("no images"), std::string::npos) << e.what();
     }
 }
 

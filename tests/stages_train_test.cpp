@@ -288,9 +288,10 @@ TEST(TrainState, LatestSkipsDamagedCheckpointsAndEveryFieldIsChecked) {
     // Every field of state.json, named.
     const std::string state = two + "/state.json";
     const std::string good = sf::test::read_file(state);
-    auto with = [&](const std::string& from, const std::string& to) {
+    // Replaces the first `from` after `after`.
+    auto with = [&](const std::string& from, const std::string& to, const std::string& after = "") {
         std::string text = good;
-        const size_t at = text.find(from);
+        const size_t at = text.find(from, text.find(after));
         EXPECT_NE(at, std::string::npos) << from;
         text.replace(at, from.size(), to);
         sf::test::write_file(state, text);
@@ -303,9 +304,12 @@ TEST(TrainState, LatestSkipsDamagedCheckpointsAndEveryFieldIsChecked) {
     with("\"step\": 2", "\"step\": 99999999999999999999");
     sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
                            "\"step\" must be an integer >= 0");
-    with("\"epoch\": 0", "\"epoch\": \"x\"");
+    with("\"epoch\": 0", "\"epoch\": \"x\"", "\"sampler\"");
     sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
                            state + ": sampler: \"epoch\" must be an integer");
+    with("\"epoch\": 0", "\"epoch\": -1", "\"image_sampler\"");
+    sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
+                           state + ": image_sampler: \"epoch\" must be an integer >= 0");
     with("\"version\": 1", "\"version\": " + std::string(100000, '['));
     sf::test::expect_error([&] { sf::train::load_checkpoint(two); }, sf::ErrorCode::kCorruption,
                            "nested deeper than 64");

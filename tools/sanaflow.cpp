@@ -52,6 +52,22 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
         "INT " + range);
 }
 
+// SANA-Video's trainer options, for caches of video windows (--vae wan).
+void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_option("--joint_training_interval", o.joint_training_interval,
+                    "video caches: every k-th step trains on a batch of images (one-frame "
+                    "windows) instead of video windows; 0 mixes them by bucket")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--i2v_probability", o.i2v_probability,
+                    "video caches: chance that a video batch is image-to-video (latent frame 0 "
+                    "kept clean at timestep 0 and out of the loss)")
+        ->capture_default_str();
+    cmd->add_option("--chunk_index", o.chunk_index,
+                    "video caches: latent frames where timestep chunks start, e.g. 0,3,6 (each "
+                    "chunk draws its own timestep)");
+}
+
 void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                      int64_t& checkpointing_every) {
     cmd->add_option("--cache_dir", o.cache_dir, "a cache made by sanaflow prep")->required();
@@ -368,6 +384,7 @@ int main(int argc, char** argv) {
     auto* train_cmd =
         app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
     add_train_flags(train_cmd, train, checkpointing, checkpointing_every);
+    add_video_train_flags(train_cmd, train);
     // `--config FILE` is expanded into flags before parsing (tools/yaml_config.h); declared here
     // for --help only.
     std::string config_file;

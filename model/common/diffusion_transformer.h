@@ -26,7 +26,8 @@ class DiffusionTransformer {
 public:
     virtual ~DiffusionTransformer() = default;
 
-    // The velocity for `latents` (noised) at `timestep` ([B], in [0, num_train_timesteps]),
+    // The velocity for `latents` (noised) at `timestep` ([B], in [0, num_train_timesteps]; the
+    // video transformer also takes [B, f], one per latent frame),
     // conditioned on `caption` [B, L, caption_channels] with `caption_mask` [B, L] (1 for a
     // token; undefined: every token counts).
     virtual at::Tensor forward(const at::Tensor& latents, const at::Tensor& caption,

@@ -13,6 +13,7 @@
 #include "model/sana/sana_transformer.h"
 #include "model/sana_video/sana_video_transformer.h"
 #include "pipelines/train/train_setup.h"
+#include "stages/train/flow_matching.h"
 
 namespace sf::pipelines::training {
 namespace {
@@ -142,6 +143,26 @@ std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOption
     return transformer;
 }
 
+std::vector<int64_t> parse_chunk_index(const std::string& text) {
+    std::vector<int64_t> starts;
+    for (const std::string& item : split_csv(text)) {
+        size_t used = 0;
+        int64_t v = -1;
+        try {
+            v = std::stoll(item, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != item.size() || v < 0) {
+            throw Error::InvalidArgument(fmt::format(
+                "--chunk_index must list latent frame numbers (e.g. 0,3,6), got '{}'", text));
+        }
+        starts.push_back(v);
+    }
+    train::check_chunk_starts(starts);
+    return starts;
+}
+
 std::map<std::string, std::string> run_settings(const TrainOptions& o, const std::string& source,
                                                 const train::TrainingSet& set) {
     std::map<std::string, std::string> settings = {
@@ -159,9 +180,15 @@ std::map<std::string, std::string> run_settings(const TrainOptions& o, const std
         {"caption_dropout", fmt::format("{}", o.caption_dropout)},
         {"flow_shift", fmt::format("{}", o.flow_shift)},
         {"weighting_scheme", o.weighting_scheme},
+
         {kDataSetting, set.content_hash()},
         {kDataSizeSetting,
          fmt::format("{} samples in {} buckets", set.samples().size(), set.buckets().size())}};
+    // SANA-Video's options, where set (so checkpoints made before they existed still resume).
+    if (o.joint_training_interval > 0)
+        settings["joint_training_interval"] = std::to_string(o.joint_training_interval);
+    if (o.i2v_probability > 0) settings["i2v_probability"] = fmt::format("{}", o.i2v_probability);
+    if (!o.chunk_index.empty()) settings["chunk_index"] = o.chunk_index;
     // A linear or cosine schedule is a curve over max_train_steps: another total changes it.
     if (o.lr_scheduler == "linear" || o.lr_scheduler == "cosine")
         settings["max_train_steps"] = std::to_string(o.max_train_steps);

@@ -17,6 +17,11 @@ train::TrainState capture_state(const RunParts& run, const std::vector<double>& 
     const auto pos = run.sampler.position();
     state.sampler_epoch = pos.epoch;
     state.sampler_batch = pos.batch;
+    if (run.image_sampler != nullptr) {
+        const auto image = run.image_sampler->position();
+        state.image_sampler_epoch = image.epoch;
+        state.image_sampler_batch = image.batch;
+    }
     state.scaler = run.step.scaler().state();
     state.settings = run.settings;
     state.trainable = run.trainable;
@@ -83,6 +88,8 @@ std::vector<double> restore_state(const std::string& dir, const RunParts& run,
     run.step.scaler().load_state(state.scaler);
     run.step.set_steps_done(state.step);
     run.sampler.seek({state.sampler_epoch, state.sampler_batch});
+    if (run.image_sampler != nullptr)
+        run.image_sampler->seek({state.image_sampler_epoch, state.image_sampler_batch});
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
     global.set_state(default_rng);
     run.data_gen.set_state(data_rng);

@@ -59,6 +59,9 @@ void validate(const TrainOptions& o) {
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
     check_number("--caption_dropout", o.caption_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
     if (o.log_every < 1) throw Error::InvalidArgument("--log_every must be >= 1");
+    if (o.joint_training_interval < 0)
+        throw Error::InvalidArgument("--joint_training_interval must be >= 0 (0 turns it off)");
+    check_number("--i2v_probability", o.i2v_probability, 0, 1, "in [0, 1]");
     if (!o.pretrained_model_name_or_path.empty() && !o.transformer_config.empty()) {
         throw Error::InvalidArgument(
             "give --pretrained_model_name_or_path or --transformer_config, not both");
@@ -83,6 +86,50 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;
     s.flow.weighting_scheme = o.weighting_scheme;
+    s.i2v_probability = o.i2v_probability;
+    s.chunk_starts = training::parse_chunk_index(o.chunk_index);
+    return s;
+}
+
+// The samplers of a run: one over every bucket, or with --joint_training_interval k one over the
+// video windows and one over the images, the images' drawn at every step s > 0 with s % k == 0
+// (as SANA-Video's trainer counts its global step).
+struct Samplers {
+    std::unique_ptr<train::BucketSampler> main, images;
+
+    // The batch of the step `step` (0-based: the steps done before it).
+    std::vector<int64_t> next(int64_t step, int64_t interval) {
+        const bool image_step = images && step > 0 && step % interval == 0;
+        return image_step ? images->next() : main->next();
+    }
+};
+
+Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
+    Samplers s;
+    if (o.joint_training_interval == 0) {
+        s.main = std::make_unique<train::BucketSampler>(set.buckets(), o.train_batch_size, o.seed);
+        return s;
+    }
+    const train::FrameSplit split = train::split_by_frames(set.buckets());
+    if (split.videos.empty() || split.images.empty()) {
+        throw Error::InvalidArgument(fmt::format(
+            "--joint_training_interval {} alternates video windows and images, but the cache {} "
+            "holds {}: prep a folder with both through --vae wan",
+            o.joint_training_interval, o.cache_dir,
+            split.videos.empty() ? "no video windows" : "no images"));
+    }
+    auto count = [](const std::map<train::Bucket, std::vector<int64_t>>& buckets) {
+        size_t n = 0;
+        for (const auto& [bucket, indices] : buckets) n += indices.size();
+        return n;
+    };
+    log_info(
+        "train: joint image-video: every {} steps a batch of the {} images, else of the {} "
+        "video windows",
+        o.joint_training_interval, count(split.images), count(split.videos));
+    s.main = std::make_unique<train::BucketSampler>(split.videos, o.train_batch_size, o.seed);
+    // Its own sequence: seeded apart from the video sampler's and the data generator's (seed + 1).
+    s.images = std::make_unique<train::BucketSampler>(split.images, o.train_batch_size, o.seed + 2);
     return s;
 }
 
@@ -180,11 +227,12 @@ TrainReport run_train(const TrainOptions& o) {
         transformer, trainable, adamw,
         train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps, o.max_train_steps),
         step_options(o), device);
-    train::BucketSampler sampler(set.buckets(), o.train_batch_size, o.seed);
+    Samplers samplers = make_samplers(o, set);
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
-    const training::RunParts run{trainer, sampler, gen, trainable, settings};
+    const training::RunParts run{trainer,   *samplers.main, gen,
+                                 trainable, settings,       samplers.images.get()};
 
     TrainReport report;
     report.trainable_parameters = trainable_count;
@@ -210,9 +258,15 @@ TrainReport run_train(const TrainOptions& o) {
     graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
     while (trainer.steps_done() < o.max_train_steps) {
         const train::StepResult r = trainer.step(
-            [&](int64_t) {
+            [&](int64_t k) {
                 train::TrainingBatch b;
-                while (b.indices.empty()) b = set.load(sampler.next(), o.caption_dropout, gen);
+                const int64_t step = trainer.steps_done();
+                while (b.indices.empty()) {
+                    b = set.load(samplers.next(step, o.joint_training_interval), o.caption_dropout,
+                                 gen);
+                }
+                if (k == 0)
+                    report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
                 return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
             },
             gen);
@@ -248,6 +302,7 @@ TrainReport run_train(const TrainOptions& o) {
     summary["steps"] = trainer.steps_done();
     summary["first_step_of_this_run"] = report.first_step;
     summary["losses"] = report.losses;
+    summary["batch_frames_of_this_run"] = report.batch_frames;
     summary["skipped_steps"] = trainer.scaler().skipped_steps();
     summary["damaged_samples"] = report.damaged_samples;
     summary["weights"] = report.weights_path;

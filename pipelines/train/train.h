@@ -44,6 +44,13 @@ struct TrainOptions {
     double flow_shift = 3.0;
     std::string weighting_scheme = "logit_normal";
 
+    // SANA-Video's trainer, on caches of video windows (train_video_ivjoint_chunk.py):
+    // every k-th step (k > 0) a batch of images (one-frame windows) instead of video windows,
+    // drawn by a sampler of its own; 0 mixes them by bucket.
+    int64_t joint_training_interval = 0;
+    double i2v_probability = 0;  // a video batch is image-to-video (frame 0 clean) this often
+    std::string chunk_index;     // "0,3,6": latent frames where timestep chunks start
+
     // LoRA: rank 0 trains every weight.
     int64_t rank = 0;
     double lora_alpha = 0;  // 0: = rank
@@ -64,6 +71,9 @@ struct TrainReport {
     int64_t first_step = 0;      // steps already done when this run started (resume)
     int64_t steps = 0;           // optimizer steps done at the end
     std::vector<double> losses;  // every step's loss, from step 1 (resumed ones included)
+    // Latent frames of each step's batch this run (1 for images), from report.first_step + 1:
+    // what joint image-video training alternated.
+    std::vector<int64_t> batch_frames;
     int64_t skipped_steps = 0;
     int64_t damaged_samples = 0;  // left out with --skip_corrupt
     double seconds = 0;

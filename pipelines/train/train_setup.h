@@ -46,7 +46,12 @@ struct RunParts {
     at::Generator& data_gen;  // noise, timesteps, caption dropout
     const NamedTensors& trainable;
     const std::map<std::string, std::string>& settings;
+    train::BucketSampler* image_sampler = nullptr;  // joint image-video training only
 };
+
+// The latent frames where --chunk_index's timestep chunks start ("" -> none);
+// kInvalidArgument naming the flag for anything but increasing integers from 0.
+std::vector<int64_t> parse_chunk_index(const std::string& text);
 
 train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses);
 // Restores `run` from the checkpoint in `dir` (verified by the caller: train::verify_checkpoint,

@@ -20,40 +20,89 @@ void check_flow_matching(const FlowMatchingConfig& c) {
     if (c.logit_std <= 0) throw Error::InvalidArgument("--logit_std must be > 0");
 }
 
+void check_chunk_starts(const std::vector<int64_t>& starts) {
+    for (size_t i = 0; i < starts.size(); ++i) {
+        if ((i == 0 && starts[i] != 0) || (i > 0 && starts[i] <= starts[i - 1])) {
+            throw Error::InvalidArgument(fmt::format(
+                "--chunk_index must list increasing latent frames starting at 0 (e.g. 0,3,6); "
+                "entry {} is {}",
+                i + 1, starts[i]));
+        }
+    }
+}
+
 NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& c,
-                                at::Generator& gen) {
+                                at::Generator& gen, const FrameTimesteps& frames) {
     const int64_t batch = latents.size(0);
+    const int64_t num_frames = latents.dim() == 5 ? latents.size(2) : 1;
+    // A one-frame window (an image) has no frame to predict from its first: never clean.
+    const bool clean_first = frames.clean_first_frame && num_frames > 1;
+    const bool per_frame = latents.dim() == 5 && (frames.chunk_starts.size() > 1 || clean_first);
+    // The chunks of this window: [begin, end) latent frames each.
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    if (per_frame) {
+        std::vector<int64_t> starts =
+            frames.chunk_starts.empty() ? std::vector<int64_t>{0} : frames.chunk_starts;
+        for (size_t k = 0; k < starts.size() && starts[k] < num_frames; ++k) {
+            const int64_t end =
+                k + 1 < starts.size() ? std::min(starts[k + 1], num_frames) : num_frames;
+            chunks.emplace_back(starts[k], end);
+        }
+    } else {
+        chunks.emplace_back(0, num_frames);
+    }
     const auto cpu = at::TensorOptions().dtype(at::kFloat);
     // Drawn on the CPU from `gen` whatever the device, so a run is reproducible across devices,
     // and sample by sample (u, then the noise), so a batch draws what its samples would draw one
     // at a time: k micro-batches of 1 see the same noise as one batch of k.
-    std::vector<at::Tensor> us, noises;
+    std::vector<at::Tensor> us, noises;  // us: [f] per sample (the chunk's u on its frames)
     for (int64_t i = 0; i < batch; ++i) {
-        us.push_back(c.weighting_scheme == "logit_normal"
-                         ? at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu))
-                         : at::rand({1}, gen, cpu));
+        std::vector<at::Tensor> per_chunk;
+        for (const auto& [begin, end] : chunks) {
+            const at::Tensor u =
+                c.weighting_scheme == "logit_normal"
+                    ? at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu))
+                    : at::rand({1}, gen, cpu);
+            per_chunk.push_back(u.expand({end - begin}));
+        }
+        us.push_back(per_frame ? at::cat(per_chunk) : per_chunk.front().narrow(0, 0, 1));
         noises.push_back(at::normal(0.0, 1.0, latents[i].sizes(), gen, cpu));
     }
-    const at::Tensor u = at::cat(us);
+    const at::Tensor u = at::stack(us);  // [B, 1] or [B, f]
     const double n = static_cast<double>(c.num_train_timesteps);
-    const at::Tensor index = (u * n).floor().clamp_max(n - 1);  // [B] in 0 .. N - 1
+    const at::Tensor index = (u * n).floor().clamp_max(n - 1);  // in 0 .. N - 1
     const at::Tensor s = (n - index) / n;                       // the unshifted sigma, 1 .. 1 / N
-    const at::Tensor sigmas = c.flow_shift * s / (1 + (c.flow_shift - 1) * s);
+    at::Tensor sigmas = c.flow_shift * s / (1 + (c.flow_shift - 1) * s);
+    NoisedBatch out;
+    if (clean_first) {
+        sigmas.select(1, 0).zero_();  // frame 0 is the condition: clean, at timestep 0
+        out.frame_weights = at::ones({batch, num_frames}, cpu);
+        out.frame_weights.select(1, 0).zero_();
+        out.frame_weights = out.frame_weights.to(latents.device());
+    }
     const at::Tensor noise = at::stack(noises).to(latents.device(), latents.scalar_type());
     std::vector<int64_t> shape(static_cast<size_t>(latents.dim()), 1);  // [B, 1, 1, ...]
     shape[0] = batch;
+    if (per_frame) shape[2] = num_frames;  // [B, 1, f, 1, 1]
     const at::Tensor sig = sigmas.to(latents.device(), latents.scalar_type()).view(shape);
-    NoisedBatch out;
     out.noisy = (1 - sig) * latents + sig * noise;
     out.target = noise - latents;
+    if (!per_frame) sigmas = sigmas.view({batch});
     out.sigmas = sigmas.to(latents.device());
     out.timesteps = (sigmas * n).to(latents.device());
     return out;
 }
 
-at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target) {
+at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
+                              const at::Tensor& frame_weights) {
     const at::Tensor diff = prediction.to(at::kFloat) - target.to(at::kFloat);
-    return diff.pow(2).reshape({diff.size(0), -1}).mean(1).mean();
+    const int64_t batch = diff.size(0);
+    if (!frame_weights.defined()) return diff.pow(2).reshape({batch, -1}).mean(1).mean();
+    // [B, C, f, h, w] * [B, 1, f, 1, 1]: the frames out of the loss contribute nothing.
+    const at::Tensor w = frame_weights.to(at::kFloat).view({batch, 1, -1, 1, 1});
+    const at::Tensor per_sample = (diff.pow(2) * w).reshape({batch, -1}).sum(1);
+    const double per_frame = static_cast<double>(diff.numel() / batch / diff.size(2));
+    return (per_sample / (frame_weights.to(at::kFloat).sum(1) * per_frame)).mean();
 }
 
 }  // namespace sf::train

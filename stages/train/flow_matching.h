@@ -7,6 +7,12 @@
 //   x_t = (1 - sigma) * x_0 + sigma * noise;   timestep = sigma * N
 //   target = noise - x_0;   loss = mean over the batch of the per-sample mean squared error
 //
+// Video windows [B, C, f, h, w] may also take a timestep per latent frame (SANA-Video's trainer,
+// train_video_scripts/train_video_ivjoint_chunk.py):
+//   chunks        each chunk of latent frames [start_k, start_k+1) draws its own u, in order
+//   clean first   image-to-video: latent frame 0 stays the clean latent (sigma 0, timestep 0)
+//                 and is left out of the loss
+//
 // All randomness comes from the generator passed in, so that a resumed run draws the same noise.
 #pragma once
 
@@ -15,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sf::train {
 
@@ -26,22 +33,40 @@ struct FlowMatchingConfig {
     double logit_std = 1.0;
 };
 
+// How the timesteps of a video window are laid out; the default is one per sample.
+struct FrameTimesteps {
+    // Latent frames where chunks start (the first is 0); empty or {0}: one chunk. Starts at or
+    // past the window's last frame are ignored.
+    std::vector<int64_t> chunk_starts;
+    // Image-to-video conditioning on latent frame 0 (ignored for a one-frame window).
+    bool clean_first_frame = false;
+};
+
 struct NoisedBatch {
-    at::Tensor noisy;      // x_t, the model's input
-    at::Tensor target;     // noise - x_0
-    at::Tensor timesteps;  // [B] float, sigma * N
-    at::Tensor sigmas;     // [B] float
+    at::Tensor noisy;          // x_t, the model's input
+    at::Tensor target;         // noise - x_0
+    at::Tensor timesteps;      // [B] float, sigma * N; [B, f] with per-frame timesteps
+    at::Tensor sigmas;         // [B] float; [B, f] with per-frame timesteps
+    at::Tensor frame_weights;  // [B, f] 1 for frames in the loss, 0 out; undefined: every frame
 };
 
 // Validates the config (kInvalidArgument naming the flag).
 void check_flow_matching(const FlowMatchingConfig& config);
 
-// latents [B, C, H, W] (float) -> the noised input and the velocity target, drawn from `gen`
-// (a CPU generator; the draws are moved to the latents' device).
-NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& config,
-                                at::Generator& gen);
+// kInvalidArgument naming --chunk_index unless the starts begin at 0 and increase.
+void check_chunk_starts(const std::vector<int64_t>& starts);
 
-// Mean squared error between prediction and target, computed in fp32.
-at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target);
+// latents [B, C, H, W] or [B, C, f, H, W] (float) -> the noised input and the velocity target,
+// drawn from `gen` (a CPU generator; the draws are moved to the latents' device). `frames`
+// applies to [B, C, f, H, W] latents only. Per sample: its u (one per chunk), then its noise; with
+// one timestep per sample the draws are those of earlier versions.
+NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& config,
+                                at::Generator& gen, const FrameTimesteps& frames = {});
+
+// Mean squared error between prediction and target, computed in fp32: per sample the mean over
+// its elements (over the frames whose weight is 1 when `frame_weights` [B, f] is given), then the
+// mean over the batch.
+at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
+                              const at::Tensor& frame_weights = at::Tensor());
 
 }  // namespace sf::train

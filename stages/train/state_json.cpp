@@ -43,6 +43,7 @@ std::string state_json(const StateFields& s) {
     j["version"] = kStateVersion;
     j["step"] = s.step;
     j["sampler"] = {{"epoch", s.sampler_epoch}, {"batch", s.sampler_batch}};
+    j["image_sampler"] = {{"epoch", s.image_sampler_epoch}, {"batch", s.image_sampler_batch}};
     j["scaler"] = s.scaler;
     j["settings"] = s.settings;
     j["losses"] = s.losses;  // a NaN or infinity is written as null
@@ -62,6 +63,11 @@ StateFields parse_state_json(const std::string& text, const std::string& state_p
     const nlohmann::json& sampler = read_object(j, "sampler", state_path);
     s.sampler_epoch = read_int(sampler, "epoch", 0, state_path + ": sampler");
     s.sampler_batch = read_int(sampler, "batch", 0, state_path + ": sampler");
+    if (j.contains("image_sampler")) {
+        const nlohmann::json& image = read_object(j, "image_sampler", state_path);
+        s.image_sampler_epoch = read_int(image, "epoch", 0, state_path + ": image_sampler");
+        s.image_sampler_batch = read_int(image, "batch", 0, state_path + ": image_sampler");
+    }
     for (const auto& [key, value] : read_object(j, "scaler", state_path).items()) {
         if (!value.is_number() || !std::isfinite(value.get<double>())) {
             throw corrupt(state_path,

@@ -17,6 +17,10 @@ struct StateFields {
     int64_t step = 0;  // optimizer steps done
     int64_t sampler_epoch = 0;
     int64_t sampler_batch = 0;
+    // Joint image-video training: the image sampler's position (0, 0 otherwise, and for
+    // checkpoints written before it existed).
+    int64_t image_sampler_epoch = 0;
+    int64_t image_sampler_batch = 0;
     std::map<std::string, double> scaler;         // finite numbers
     std::map<std::string, std::string> settings;  // what must match on resume
     std::vector<double> losses;  // NaN for a step whose loss was not finite (null in the file)

@@ -251,6 +251,13 @@ TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double capt
     return batch;
 }
 
+FrameSplit split_by_frames(const std::map<Bucket, std::vector<int64_t>>& buckets) {
+    FrameSplit split;
+    for (const auto& [bucket, indices] : buckets)
+        (bucket.frames > 1 ? split.videos : split.images)[bucket] = indices;
+    return split;
+}
+
 BucketSampler::BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets,
                              int64_t batch_size, uint64_t seed)
     : batch_size_(batch_size), seed_(seed) {

@@ -91,6 +91,13 @@ private:
     at::Tensor empty_prompt_;
 };
 
+// The buckets of one-frame windows (images, as the video VAE encodes them) and of longer windows,
+// for joint image-video training.
+struct FrameSplit {
+    std::map<Bucket, std::vector<int64_t>> videos, images;
+};
+FrameSplit split_by_frames(const std::map<Bucket, std::vector<int64_t>>& buckets);
+
 // Batches of one bucket each. An epoch shuffles every bucket's samples, cuts them into batches
 // of `batch_size` (a bucket's last batch may be smaller) and shuffles the order of all batches;
 // both shuffles are seeded by (seed, epoch), so the sequence is a function of the seed alone and

@@ -147,8 +147,7 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
                                 {{"format", "pt"}});
 
     storage::write_file_atomic((temp_dir / kStateFile).string(),
-                               state_json({state.step, state.sampler_epoch, state.sampler_batch,
-                                           state.scaler, state.settings, state.losses}));
+                               state_json(static_cast<const StateFields&>(state)));
     // Last: the sizes and checksums of everything above.
     std::map<std::string, ManifestEntry> files;
     for (const char* name : kFiles) {

@@ -52,6 +52,11 @@ void validate(const TrainStepOptions& o) {
             "--fused_backward_pass");
     }
     check_flow_matching(o.flow);
+    check_chunk_starts(o.chunk_starts);
+    if (!(o.i2v_probability >= 0 && o.i2v_probability <= 1)) {
+        throw Error::InvalidArgument(fmt::format(
+            "--i2v_probability must be a finite number in [0, 1], got {}", o.i2v_probability));
+    }
 }
 
 }  // namespace
@@ -192,6 +197,19 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
                     step_ + 1, what, remedies_for(phase)));
 }
 
+FrameTimesteps TrainStep::frame_timesteps(const MicroBatch& mb, at::Generator& gen) const {
+    FrameTimesteps frames;
+    if (mb.latents.dim() != 5 || mb.latents.size(2) < 2) return frames;  // not a video window
+    frames.chunk_starts = options_.chunk_starts;
+    // Drawn only when asked, so runs without image-to-video draw what they always drew.
+    if (options_.i2v_probability > 0) {
+        const double draw =
+            at::rand({1}, gen, at::TensorOptions().dtype(at::kDouble)).item<double>();
+        frames.clean_first_frame = draw < options_.i2v_probability;
+    }
+    return frames;
+}
+
 StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen) {
     StepResult result;
     result.lr = schedule_.at(step_);
@@ -213,7 +231,8 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             mb.latents = mb.latents.to(device_, at::kFloat);
             mb.prompt_embeds = mb.prompt_embeds.to(device_, at::kFloat);
             if (mb.prompt_mask.defined()) mb.prompt_mask = mb.prompt_mask.to(device_);
-            const NoisedBatch noised = flow_matching_noise(mb.latents, options_.flow, gen);
+            const NoisedBatch noised =
+                flow_matching_noise(mb.latents, options_.flow, gen, frame_timesteps(mb, gen));
             end_phase(phase);
 
             phase = "forward";
@@ -226,7 +245,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                                                               noised.timesteps, mb.prompt_mask);
                 SF_CHECK(prediction.sizes() == noised.target.sizes(),
                          "the velocity's shape is not the latents'");
-                loss = flow_matching_loss(prediction, noised.target);
+                loss = flow_matching_loss(prediction, noised.target, noised.frame_weights);
             }
             loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
             mb = MicroBatch{};  // the inputs autograd does not hold go now

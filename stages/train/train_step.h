@@ -52,6 +52,11 @@ struct TrainStepOptions {
     int64_t mark_steps = 2;              // steps whose phases are marked in the memory log
     bool keep_gradients = false;         // leave .grad after the step, for inspection (not fused)
     FlowMatchingConfig flow;
+    // Video windows (more than one latent frame) only: the chance that a micro-batch is an
+    // image-to-video one (latent frame 0 clean at timestep 0, out of the loss), drawn from the
+    // step's generator; and the latent frames where timestep chunks start (flow_matching.h).
+    double i2v_probability = 0;
+    std::vector<int64_t> chunk_starts;
 };
 
 struct StepResult {
@@ -103,6 +108,8 @@ public:
 
 private:
     class FusedUpdate;
+    // How this micro-batch's timesteps are laid out (per sample, chunks, image-to-video).
+    FrameTimesteps frame_timesteps(const MicroBatch& mb, at::Generator& gen) const;
     void begin_phase();
     void end_phase(const std::string& phase);
     [[noreturn]] void out_of_memory(const std::string& phase, const std::string& what);
