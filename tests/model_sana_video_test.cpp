@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "model/common/weights.h"
 #include "model/sana_video/sana_video_config.h"
 #include "model/sana_video/sana_video_transformer.h"
@@ -150,6 +151,51 @@ TEST(SanaVideoTransformer, GradientCheckpointingGivesTheSameGradients) {
         expect_close(checkpointed.at(name), grad, 1e-5, 1e-7, "checkpointed grad." + name);
     }
     expect_invalid([] { load_golden()->set_gradient_checkpointing(-1); }, "checkpointing");
+}
+
+// Forward and backward of one window; returns the input's gradient and the peak counted bytes.
+std::pair<at::Tensor, int64_t> window_step(SanaVideoTransformer& model, const at::Tensor& x,
+                                           const at::Tensor& caption) {
+    const at::Tensor input = x.clone().requires_grad_(true);
+    sf::mem::reset_peak();
+    const int64_t before = sf::mem::cpu_stats().current;
+    model(input, caption, torch::full({x.size(0)}, 400.0)).pow(2).mean().backward();
+    return {input.grad(), sf::mem::cpu_stats().peak - before};
+}
+
+TEST(SanaVideoTransformer, ChunkedFeedForwardGivesTheSameGradientsWithLessMemory) {
+    auto config = SanaVideoTransformerConfig::named("sana-video-tiny");
+    config.in_channels = config.out_channels = 8;
+    config.caption_channels = 16;
+    torch::manual_seed(4);
+    SanaVideoTransformer model(config);
+    torch::manual_seed(5);
+    const at::Tensor x = torch::randn({1, 8, 8, 16, 16});  // 8 latent frames of 8 x 8 patches
+    const at::Tensor caption = torch::randn({1, 6, 16});
+    const auto [plain_grad, plain_peak] = window_step(model, x, caption);
+    std::map<std::string, at::Tensor> plain_params;
+    for (const auto& p : model->named_parameters()) {
+        plain_params[p.key()] = p.value().grad().clone();
+        p.value().mutable_grad() = at::Tensor();
+    }
+    for (const int64_t every : {0, 1}) {  // alone, and inside a checkpointed block
+        model->set_feed_forward_chunk(2);
+        model->set_gradient_checkpointing(every);
+        const auto [grad, peak] = window_step(model, x, caption);
+        expect_close(grad, plain_grad, 1e-4, 1e-7,
+                     "input gradient, checkpointing " + std::to_string(every));
+        for (const auto& p : model->named_parameters()) {
+            expect_close(p.value().grad(), plain_params.at(p.key()), 1e-4, 1e-7, "grad." + p.key());
+            p.value().mutable_grad() = at::Tensor();
+        }
+        if (every == 0) {
+            std::printf("[ memory   ] peak %lld bytes plain, %lld with 2-frame chunks\n",
+                        static_cast<long long>(plain_peak), static_cast<long long>(peak));
+            EXPECT_LT(peak, plain_peak * 8 / 10) << "the 6D-wide hidden is kept for every frame";
+        }
+    }
+    model->set_gradient_checkpointing(0);
+    expect_invalid([&] { model->set_feed_forward_chunk(-1); }, "feed-forward chunk");
 }
 
 TEST(SanaVideoTransformer, RefusesBadInputsNamingThem) {

@@ -92,8 +92,8 @@ TEST(FlowMatchingFrames, ImageToVideoKeepsFrameZeroCleanAndOutOfTheLoss) {
     loss.backward();
     EXPECT_EQ(prediction.grad().select(2, 0).abs().max().item<float>(), 0.0f);
     EXPECT_GT(prediction.grad().select(2, 1).abs().max().item<float>(), 0.0f);
-    const at::Tensor rest = sf::train::flow_matching_loss(
-        prediction.detach().narrow(2, 1, 3), noised.target.narrow(2, 1, 3));
+    const at::Tensor rest = sf::train::flow_matching_loss(prediction.detach().narrow(2, 1, 3),
+                                                          noised.target.narrow(2, 1, 3));
     EXPECT_NEAR(loss.item<double>(), rest.item<double>(), 1e-6);
 }
 
@@ -174,6 +174,17 @@ TEST(TrainStepVideo, EveryRemedyGivesThePlainGradients) {
     o = plain;
     o.accumulation = 2;
     remedies.emplace_back("accumulation", o);
+    o = plain;
+    o.ff_chunk_frames = 1;
+    remedies.emplace_back("chunked feed-forward", o);
+    o = plain;
+    o.mixed_precision = "no";
+    o.gradient_checkpointing = 1;
+    o.attention = "chunked";
+    o.attention_chunk = 5;
+    o.ff_chunk_frames = 2;
+    o.accumulation = 2;
+    remedies.emplace_back("all but precision and the fused pass", o);
     for (const auto& [what, options] : remedies) {
         const auto grads = step_gradients(options);
         ASSERT_EQ(grads.size(), reference.size());

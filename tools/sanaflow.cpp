@@ -63,6 +63,12 @@ void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {
                     "video caches: chance that a video batch is image-to-video (latent frame 0 "
                     "kept clean at timestep 0 and out of the loss)")
         ->capture_default_str();
+    cmd->add_option("--ff_chunk_frames", o.ff_chunk_frames,
+                    "video caches: run the feed-forward over k latent frames at a time, each "
+                    "chunk recomputed in backward (its 6x-wide hidden activations never whole); "
+                    "0 off")
+        ->check(integer_in(0, 1'000'000))
+        ->capture_default_str();
     cmd->add_option("--chunk_index", o.chunk_index,
                     "video caches: latent frames where timestep chunks start, e.g. 0,3,6 (each "
                     "chunk draws its own timestep)");

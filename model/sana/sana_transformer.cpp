@@ -173,4 +173,14 @@ void SanaTransformerImpl::set_attention(AttentionKernel kernel, int64_t chunk) {
     }
 }
 
+void SanaTransformerImpl::set_feed_forward_chunk(int64_t frames) {
+    if (frames != 0) {
+        throw Error::InvalidArgument(fmt::format(
+            "SanaTransformer: a feed-forward chunk of {} frames asked of an image transformer "
+            "(its feed-forward runs on one image; chunking over frames is the video "
+            "transformer's)",
+            frames));
+    }
+}
+
 }  // namespace sf::model

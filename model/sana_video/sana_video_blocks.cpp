@@ -4,9 +4,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "model/common/checkpoint.h"
 #include "model/common/lora.h"
 
 namespace sf::model {
@@ -117,13 +119,37 @@ SanaVideoFeedForwardImpl::SanaVideoFeedForwardImpl(int64_t dim, int64_t hidden) 
         "conv_temp", nn::Conv2d(nn::Conv2dOptions(dim, dim, {3, 1}).padding({1, 0}).bias(false)));
 }
 
+at::Tensor SanaVideoFeedForwardImpl::per_frame(const at::Tensor& frames) {
+    const at::Tensor y = conv_depth(torch::silu(conv_inverted(frames)));  // [n, 2F, h, w]
+    const auto halves = y.chunk(2, 1);
+    return conv_point(halves[0] * torch::silu(halves[1]));  // [n, D, h, w]
+}
+
 at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGrid& g) {
     const int64_t batch = x.size(0), dim = x.size(2);
     // Every frame as an image: [B, N, D] -> [B * f, D, h, w].
     at::Tensor y = x.reshape({batch * g.frames, g.height, g.width, dim}).permute({0, 3, 1, 2});
-    y = conv_depth(torch::silu(conv_inverted(y)));  // [B * f, 2F, h, w]
-    const auto halves = y.chunk(2, 1);
-    y = conv_point(halves[0] * torch::silu(halves[1]));  // [B * f, D, h, w]
+    if (chunk_frames > 0 && chunk_frames < g.frames) {
+        // Chunks of frames of every sample: [B, f, D, h, w] cut along f.
+        const at::Tensor framed = y.reshape({batch, g.frames, dim, g.height, g.width});
+        std::vector<at::Tensor> parts;
+        for (int64_t f0 = 0; f0 < g.frames; f0 += chunk_frames) {
+            const int64_t n = std::min(chunk_frames, g.frames - f0);
+            const at::Tensor chunk =
+                framed.narrow(1, f0, n).reshape({batch * n, dim, g.height, g.width});
+            at::Tensor out;
+            if (at::GradMode::is_enabled()) {
+                auto fn = [this](const std::vector<at::Tensor>& in) { return per_frame(in[0]); };
+                out = checkpoint(fn, {chunk});
+            } else {
+                out = per_frame(chunk);
+            }
+            parts.push_back(out.reshape({batch, n, dim, g.height, g.width}));
+        }
+        y = at::cat(parts, 1).reshape({batch * g.frames, dim, g.height, g.width});
+    } else {
+        y = per_frame(y);  // [B * f, D, h, w]
+    }
     // Over frames: [B * f, D, h, w] -> [B, D, f, h * w], a 3-tap conv along f.
     const at::Tensor t =
         y.reshape({batch, g.frames, dim, g.height * g.width}).permute({0, 2, 1, 3});

@@ -65,11 +65,20 @@ TORCH_MODULE(SanaVideoLinearAttention);
 // GLUMBTempConv without its residual and norm (as the block builds it): per frame a 1x1 conv to
 // 2F + SiLU, a 3x3 depthwise conv, value x SiLU(gate), a 1x1 conv back to D (no bias); then
 // x + conv_temp(x), a 3-tap convolution over frames (no bias).
+//
+// With chunk_frames k > 0 the per-frame part runs k frames at a time, each chunk checkpointed in
+// grad mode (model/common/checkpoint.h): the 6D-wide hidden activations exist for k frames at
+// once, in the forward and again in the backward, and none is kept between them. The temporal
+// convolution then runs on the D-wide result of every frame, so no chunk needs a halo of
+// neighbouring frames. The result and the gradients are those of the whole window.
 struct SanaVideoFeedForwardImpl : torch::nn::Module {
     SanaVideoFeedForwardImpl(int64_t dim, int64_t hidden);
     at::Tensor forward(const at::Tensor& x, const VideoGrid& grid);  // [B, N, D] -> [B, N, D]
+    // [B * f, D, h, w] -> [B * f, D, h, w]: the convolutions inside each frame.
+    at::Tensor per_frame(const at::Tensor& frames);
     torch::nn::Conv2d conv_inverted{nullptr}, conv_depth{nullptr}, conv_point{nullptr};
     torch::nn::Conv2d conv_temp{nullptr};
+    int64_t chunk_frames = 0;  // 0: the whole window at once
 };
 TORCH_MODULE(SanaVideoFeedForward);
 

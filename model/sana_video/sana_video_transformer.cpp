@@ -234,4 +234,12 @@ void SanaVideoTransformerImpl::set_attention(AttentionKernel kernel, int64_t chu
     }
 }
 
+void SanaVideoTransformerImpl::set_feed_forward_chunk(int64_t frames) {
+    if (frames < 0) {
+        throw Error::InvalidArgument(fmt::format(
+            "SanaVideoTransformer: feed-forward chunk of {} frames; want 0 (off) or more", frames));
+    }
+    for (auto& block : blocks_) block->ff->chunk_frames = frames;
+}
+
 }  // namespace sf::model

@@ -75,6 +75,8 @@ public:
     void set_gradient_checkpointing(int64_t every) override;
     // The cross-attention kernel of every block (model/chunked_attention.h); kDense by default.
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
+    // SanaVideoFeedForwardImpl::chunk_frames of every block; negative is kInvalidArgument.
+    void set_feed_forward_chunk(int64_t frames) override;
 
     const SanaVideoTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }

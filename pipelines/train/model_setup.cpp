@@ -227,11 +227,13 @@ std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& 
                      o.max_grad_norm)},
         {"objective", fmt::format("flow matching, {} timesteps, shift {}, caption dropout {}",
                                   o.weighting_scheme, o.flow_shift, o.caption_dropout)},
-        {"remedies", fmt::format("checkpointing {}, attention {}, fused backward {}",
-                                 o.gradient_checkpointing > 0
-                                     ? fmt::format("every {}", o.gradient_checkpointing)
-                                     : "off",
-                                 o.attention, o.fused_backward_pass ? "on" : "off")},
+        {"remedies",
+         fmt::format("checkpointing {}, attention {}, fused backward {}, feed-forward chunk {}",
+                     o.gradient_checkpointing > 0
+                         ? fmt::format("every {}", o.gradient_checkpointing)
+                         : "off",
+                     o.attention, o.fused_backward_pass ? "on" : "off",
+                     o.ff_chunk_frames > 0 ? fmt::format("{} frames", o.ff_chunk_frames) : "off")},
         {"output", o.output_dir},
     };
     std::string out = "train: resolved configuration";

@@ -82,6 +82,7 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.attention = o.attention;
     s.accumulation = o.gradient_accumulation_steps;
     s.fused_backward = o.fused_backward_pass;
+    s.ff_chunk_frames = o.ff_chunk_frames;
     s.max_grad_norm = o.max_grad_norm;
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;

@@ -151,6 +151,7 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
     model_->set_gradient_checkpointing(options_.gradient_checkpointing);
     model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
+    model_->set_feed_forward_chunk(options_.ff_chunk_frames);
     model_->module().train();
     if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
 }

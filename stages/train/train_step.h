@@ -45,6 +45,7 @@ struct TrainStepOptions {
     int64_t gradient_checkpointing = 0;  // 0 off; k: every k-th block recomputed in backward
     std::string attention = "dense";     // cross-attention: "dense", "chunked", "fused"
     int64_t attention_chunk = 1024;      // query rows per chunk for "chunked"
+    int64_t ff_chunk_frames = 0;         // video: feed-forward over k latent frames at a time
     int64_t accumulation = 1;            // micro-batches per optimizer step
     bool fused_backward = false;         // update each parameter inside the backward pass
     double max_grad_norm = 0;            // global-norm clipping; 0 = off
