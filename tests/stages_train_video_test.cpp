@@ -195,6 +195,24 @@ TEST(TrainStepVideo, EveryRemedyGivesThePlainGradients) {
     }
 }
 
+// bf16 autocast: q and k leave their fp32 RMSNorm in fp32, v is bf16; every attention kernel
+// computes in bf16 as upstream's SDPA does, and chunking changes nothing but rounding.
+TEST(TrainStepVideo, MixedPrecisionWorksWithEveryAttentionKernel) {
+    sf::train::TrainStepOptions dense;
+    dense.mixed_precision = "bf16";
+    const auto reference = step_gradients(dense);
+    auto chunked = dense;
+    chunked.attention = "chunked";
+    chunked.attention_chunk = 7;
+    chunked.ff_chunk_frames = 1;
+    const auto grads = step_gradients(chunked);
+    for (size_t i = 0; i < grads.size(); ++i) {
+        ASSERT_TRUE(torch::isfinite(grads[i].second).all().item<bool>()) << grads[i].first;
+        EXPECT_TRUE(torch::allclose(grads[i].second, reference[i].second, 5e-2, 1e-3))
+            << grads[i].first;
+    }
+}
+
 TEST(TrainStepVideo, ImageToVideoStepsTrainAndAreRefusedOutOfRange) {
     sf::train::TrainStepOptions o;
     o.i2v_probability = 1.0;

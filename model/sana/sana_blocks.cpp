@@ -200,13 +200,15 @@ at::Tensor SanaCrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor
     };
     at::Tensor q = apply_linear(to_q, x);
     at::Tensor k = apply_linear(to_k, context);
+    const at::Tensor v = split_heads(apply_linear(to_v, context));
     if (norm_q) {
-        q = norm_q(q);
-        k = norm_k(k);
+        // An fp32 norm weight makes q and k fp32 under autocast, as upstream's RMSNorm does; its
+        // SDPA then computes in the autocast dtype, which v already has: so do the kernels here.
+        q = norm_q(q).to(v.scalar_type());
+        k = norm_k(k).to(v.scalar_type());
     }
     q = split_heads(q);  // [B, H, N, d]
     k = split_heads(k);
-    const at::Tensor v = split_heads(apply_linear(to_v, context));
     at::Tensor out = attend(q, k, v, bias);                            // [B, H, N, d]
     out = out.transpose(1, 2).reshape({batch, -1, heads * head_dim});  // [B, H, N, d] -> [B, N, C]
     return out_dropout(apply_linear(out_proj, out.to(q.scalar_type())));

@@ -3,6 +3,14 @@
 //
 //   memory_ablation [--config CONFIG.json] [--grids 32,64,128] [--batch 4] [--caption_len 300]
 //                   [--device cpu|cuda] [--variant NAME --grid G]
+//   memory_ablation --video [--grids 5,13,21] [--latent 60x104] [--batch 1] ...
+//
+// --video runs the SANA-Video transformer (4 blocks of width 512 with its block structure by
+// default) on windows of `grids` latent frames (5, 13, 21: 17, 49, 81 frames) of 60 x 104
+// latents (480 x 832 pixels); its variants add chunked_ff (the feed-forward 2 latent frames at a
+// time), its chunked attention takes one frame's tokens per chunk, and online_encoding is left
+// out. Its last lines say how the all-remedies peak grows with the window, and ratio= compares
+// all remedies with the baseline at the longest window.
 //
 // Variants: baseline (fp32, no checkpointing, dense cross-attention, the whole effective batch in
 // one micro-batch: how the unoptimised scripts run), each remedy alone (mixed_precision,
@@ -41,14 +49,15 @@
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2.h"
 #include "model/sana/sana_transformer.h"
+#include "model/sana_video/sana_video_transformer.h"
 #include "stages/train/train_step.h"
 
 namespace {
 
 const std::vector<std::string> kVariants = {
-    "baseline",     "mixed_precision",   "gradient_checkpointing",
-    "accumulation", "chunked_attention", "fused_backward",
-    "all",          "online_encoding"};
+    "baseline",          "mixed_precision", "gradient_checkpointing", "accumulation",
+    "chunked_attention", "chunked_ff",      "fused_backward",         "all",
+    "online_encoding"};
 
 struct Args {
     std::string config;
@@ -59,7 +68,31 @@ struct Args {
     int64_t grid = 0;
     int64_t budget = 0;          // bytes; 0: from the free memory
     std::string device = "cpu";  // on "cuda" the peaks compared are the CUDA allocator's
+    bool video = false;          // the video transformer; `grid` is then latent frames
+    int64_t latent_h = 60, latent_w = 104;
 };
+
+// Whether variant `v` runs in this mode: chunked_ff is the video transformer's, online_encoding
+// the image pipeline's, accumulation needs a batch to split.
+bool applies(const Args& a, const std::string& v, int64_t batch) {
+    if (v == "chunked_ff") return a.video;
+    if (v == "online_encoding") return !a.video;
+    if (v == "accumulation") return batch > 1;
+    return true;
+}
+
+// The video transformer at the same scale: 4 blocks of width 512 (heads of 32), SANA-Video's
+// blocks (GLUMBTempConv 3x, q/k RMSNorm, rotary), 16-channel Wan latents, patch 1x2x2.
+sf::model::SanaVideoTransformerConfig default_video_config() {
+    auto c = sf::model::SanaVideoTransformerConfig::named("sana-video-2b-480p");
+    c.num_attention_heads = 16;
+    c.attention_head_dim = 32;
+    c.num_cross_attention_heads = 8;
+    c.cross_attention_head_dim = 64;
+    c.cross_attention_dim = 512;
+    c.num_layers = 4;
+    return c;
+}
 
 // 4 blocks of width 512 with the real block structure (heads of 32, Mix-FFN 2.5x, 2304-wide
 // captions, 32-channel latents).
@@ -85,15 +118,21 @@ int64_t mem_available() {
     return int64_t{8} << 30;
 }
 
-sf::train::TrainStepOptions options_for(const std::string& v, int64_t batch) {
+sf::train::TrainStepOptions options_for(const Args& a, const std::string& v, int64_t batch) {
     sf::train::TrainStepOptions o;
     o.mark_steps = 0;
     const bool all = v == "all";
     if (all || v == "mixed_precision") o.mixed_precision = "bf16";
     if (all || v == "gradient_checkpointing") o.gradient_checkpointing = 1;
     if (all || v == "accumulation") o.accumulation = batch;
-    if (all || v == "chunked_attention")
+    if ((all || v == "chunked_attention") && a.video) {
+        // One frame's tokens per chunk: the score matrix stays one frame's at any window length.
+        o.attention = "chunked";
+        o.attention_chunk = (a.latent_h / 2) * (a.latent_w / 2);
+    } else if (all || v == "chunked_attention") {
         o.attention = "fused";  // SDPA where it exists, else chunked
+    }
+    if ((all || v == "chunked_ff") && a.video) o.ff_chunk_frames = 2;
     if (all || v == "fused_backward") o.fused_backward = true;
     if (!o.fused_backward) o.max_grad_norm = 1.0;
     return o;
@@ -124,13 +163,36 @@ struct OnlineEncoders {
     }
 };
 
+// The model and the clean latents of one step.
+struct Workload {
+    std::shared_ptr<sf::model::DiffusionTransformer> model;
+    at::Tensor latents;  // [B, C, g, g] images, [B, C, f, h, w] windows
+    int64_t caption_channels = 0;
+};
+
+Workload make_workload(const Args& a) {
+    Workload w;
+    if (a.video) {
+        const auto c = a.config.empty()
+                           ? default_video_config()
+                           : sf::model::SanaVideoTransformerConfig::from_json_file(a.config);
+        w.model = sf::model::SanaVideoTransformer(c).ptr();
+        w.latents = torch::randn({a.batch, c.in_channels, a.grid, a.latent_h, a.latent_w});
+        w.caption_channels = c.caption_channels;
+        return w;
+    }
+    const auto c = a.config.empty() ? default_config()
+                                    : sf::model::SanaTransformerConfig::from_json_file(a.config);
+    w.model = sf::model::SanaTransformer(c).ptr();
+    w.latents = torch::randn({a.batch, c.in_channels, a.grid, a.grid});
+    w.caption_channels = c.caption_channels;
+    return w;
+}
+
 int run_one(const Args& a) {
     sf::mem::install_counting_allocator();
     sf::set_torch_threads();
     sf::set_log_level(sf::LogLevel::kWarn);
-    const auto config = a.config.empty()
-                            ? default_config()
-                            : sf::model::SanaTransformerConfig::from_json_file(a.config);
     const int64_t budget = a.budget > 0 ? a.budget : mem_available() - (int64_t{3} << 29);
     sf::mem::set_cpu_budget(budget);
     try {
@@ -138,13 +200,13 @@ int run_one(const Args& a) {
         if (a.variant == "online_encoding") online = std::make_unique<OnlineEncoders>();
         const c10::Device device = sf::resolve_device(a.device);
         torch::manual_seed(0);
-        sf::model::SanaTransformer model(config);
-        model->to(device);
-        const sf::train::TrainStepOptions o = options_for(a.variant, a.batch);
-        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+        const Workload w = make_workload(a);
+        w.model->module().to(device);
+        const sf::train::TrainStepOptions o = options_for(a, a.variant, a.batch);
+        sf::train::TrainStep step(w.model, sf::model::trainable_parameters(w.model->module()), {},
                                   sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
-        const auto latents = torch::randn({a.batch, config.in_channels, a.grid, a.grid});
-        const auto captions = torch::randn({a.batch, a.caption_len, config.caption_channels});
+        const at::Tensor& latents = w.latents;
+        const auto captions = torch::randn({a.batch, a.caption_len, w.caption_channels});
         const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
         const int64_t micro = a.batch / o.accumulation;
         at::Generator gen = at::detail::createCPUGenerator(0);
@@ -210,6 +272,10 @@ Result run_child(const Args& a, const std::string& variant, int64_t grid, int64_
                                      "--device",
                                      a.device};
     if (!a.config.empty()) argv.insert(argv.end(), {"--config", a.config});
+    if (a.video) {
+        argv.insert(argv.end(),
+                    {"--video", "--latent", fmt::format("{}x{}", a.latent_h, a.latent_w)});
+    }
     if (a.budget > 0) argv.insert(argv.end(), {"--budget", std::to_string(a.budget)});
     int fds[2];
     if (::pipe(fds) != 0) throw sf::Error::IOError("pipe failed");
@@ -252,11 +318,17 @@ std::string gib(int64_t bytes) {
 }
 
 int run_table(const Args& a) {
+    const std::string model =
+        !a.config.empty() ? a.config
+        : a.video         ? fmt::format(
+                                "4 blocks of width 512 (SANA-Video block structure), windows of "
+                                        "{} x {} latents",
+                                a.latent_h, a.latent_w)
+                  : "4 blocks of width 512 (Sana block structure)";
     std::printf(
         "memory ablation: %s, batch %lld, captions of %lld tokens; one step per variant, fresh "
         "process each\n",
-        a.config.empty() ? "4 blocks of width 512 (Sana block structure)" : a.config.c_str(),
-        static_cast<long long>(a.batch), static_cast<long long>(a.caption_len));
+        model.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.caption_len));
     std::printf("%-8s %-24s %6s %14s %14s %10s %10s %10s\n", "grid", "variant", "batch",
                 "peak rss GiB", "tensors GiB", "peak/base", "step s", "time/base");
     // The memory compared: resident on the CPU; on a GPU the device's, the CUDA allocator's peak.
@@ -265,6 +337,7 @@ int run_table(const Args& a) {
         return static_cast<double>(cuda ? r.peak_tensors : r.peak_rss);
     };
     std::map<std::string, Result> last_grid;
+    std::vector<std::pair<int64_t, double>> all_peaks;  // (grid, all remedies' peak)
     int64_t last_batch = a.batch;
     for (size_t gi = 0; gi < a.grids.size(); ++gi) {
         const int64_t grid = a.grids[gi];
@@ -280,9 +353,11 @@ int run_table(const Args& a) {
         }
         for (const auto& v : kVariants) {
             // The encoders alone take ~11 GB; their line is measured at the smallest grid only.
-            if (v == "online_encoding" && gi != 0) continue;
+            if (!applies(a, v, batch) || (v == "online_encoding" && gi != 0)) continue;
             const Result r = v == "baseline" ? base : run_child(a, v, grid, batch);
-            const std::string label = fmt::format("{} ({}px)", grid, grid * 32);
+            if (v == "all" && r.fits) all_peaks.emplace_back(grid, peak_of(r));
+            const std::string label = a.video ? fmt::format("{}f ({})", grid, 4 * (grid - 1) + 1)
+                                              : fmt::format("{} ({}px)", grid, grid * 32);
             if (!r.fits) {
                 std::printf("%-8s %-24s %6lld  does not fit: %s\n", label.c_str(), v.c_str(),
                             static_cast<long long>(batch), r.note.c_str());
@@ -299,6 +374,22 @@ int run_table(const Args& a) {
             if (gi + 1 == a.grids.size()) last_grid[v] = r;
         }
         last_batch = batch;
+    }
+    if (all_peaks.size() >= 2) {
+        // How the all-remedies peak grows along the axis: the slope between the ends, and the
+        // middle points against the straight line (above it: faster than linear).
+        const auto& [g0, p0] = all_peaks.front();
+        const auto& [g1, p1] = all_peaks.back();
+        const double slope = (p1 - p0) / static_cast<double>(g1 - g0);
+        double worst = 0;
+        for (const auto& [g, p] : all_peaks) {
+            worst = std::max(worst, p / (p0 + slope * static_cast<double>(g - g0)));
+        }
+        std::printf(
+            "all remedies: %.3f GiB per %s from %lld to %lld; the largest point is %.3fx the "
+            "straight line through the ends (above 1: faster than linear)\n",
+            slope / (1 << 30), a.video ? "latent frame" : "grid step", static_cast<long long>(g0),
+            static_cast<long long>(g1), worst);
     }
     const Result& base = last_grid["baseline"];
     const Result& all = last_grid["all"];
@@ -329,6 +420,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
     Args a;
+    bool grids_given = false, batch_given = false;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
         auto value = [&]() -> std::string {
@@ -340,9 +432,10 @@ int main(int argc, char** argv) {
         };
         if (flag == "--config")
             a.config = value();
-        else if (flag == "--grids")
+        else if (flag == "--grids") {
             a.grids = parse_list(value());
-        else if (flag == "--batch")
+            grids_given = true;
+        } else if (flag == "--batch")
             a.batch = std::stoll(value());
         else if (flag == "--caption_len")
             a.caption_len = std::stoll(value());
@@ -354,13 +447,26 @@ int main(int argc, char** argv) {
             a.budget = std::stoll(value());
         else if (flag == "--device")
             a.device = value();
-        else {
+        else if (flag == "--video")
+            a.video = true;
+        else if (flag == "--latent") {
+            const std::string v = value();
+            const size_t x = v.find('x');
+            a.latent_h = x == std::string::npos ? 0 : std::stoll(v.substr(0, x));
+            a.latent_w = x == std::string::npos ? 0 : std::stoll(v.substr(x + 1));
+        } else {
             std::fprintf(stderr,
                          "memory_ablation: unknown flag %s (flags: --config --grids --batch "
-                         "--caption_len --variant --grid --budget --device)\n",
+                         "--caption_len --variant --grid --budget --device --video --latent)\n",
                          flag.c_str());
             return 2;
         }
+    }
+    if (a.video && !grids_given) a.grids = {5, 13, 21};  // latent frames: 17, 49, 81 frames
+    if (a.video && !batch_given) a.batch = 1;
+    if (a.video && (a.latent_h < 2 || a.latent_w < 2 || a.latent_h % 2 || a.latent_w % 2)) {
+        std::fprintf(stderr, "memory_ablation: --latent wants HxW, even numbers (e.g. 60x104)\n");
+        return 2;
     }
     if (a.batch < 1 || a.caption_len < 1 || a.grids.empty()) {
         std::fprintf(stderr,
