@@ -21,6 +21,7 @@
 #include "tools/yaml_config.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
+#include "tools/demo_video.h"
 #endif
 
 namespace {
@@ -298,6 +299,44 @@ int run_inspect_command(const std::string& cache, bool verify) {
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)
+// The demo's video part: generated clips -> prep through the Wan VAE into 9-frame windows -> 20
+// steps of the tiny SANA-Video transformer with image-to-video batches and the chunked
+// feed-forward.
+void run_demo_video(const fs::path& root) {
+    const fs::path clips = root / "clips";
+    sf::tools::write_demo_clips(clips.string(), 2, 18, /*seed=*/1234);
+    PrepOptions o;
+    o.instance_data_dir = clips.string();
+    o.cache_dir = (root / "video-cache").string();
+    o.resolution = 512;
+    o.min_side = 32;
+    o.vae_kind = "wan";
+    o.windows.frame_extraction = sf::stages::FrameExtraction::kChunk;
+    o.windows.target_frames = {9};
+    std::cout << "\n== 2 generated clips of 18 frames; sanaflow prep --instance_data_dir "
+              << o.instance_data_dir << " --cache_dir " << o.cache_dir
+              << " --resolution 512 --min_side 32 --vae wan --frame_extraction chunk "
+                 "--target_frames 9\n";
+    std::cout << sf::pipelines::run_prep(o).table();
+
+    TrainOptions t;
+    t.cache_dir = o.cache_dir;
+    t.output_dir = (root / "video-train").string();
+    t.max_train_steps = 20;
+    t.train_batch_size = 2;
+    t.learning_rate = 1e-3;
+    t.checkpointing_steps = 0;
+    t.gradient_checkpointing = 1;
+    t.i2v_probability = 0.3;
+    t.ff_chunk_frames = 1;
+    std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir "
+              << t.output_dir
+              << " --max_train_steps 20 --train_batch_size 2 --learning_rate 1e-3 "
+                 "--gradient_checkpointing --i2v_probability 0.3 --ff_chunk_frames 1 "
+                 "--checkpointing_steps 0\n";
+    std::cout << train_summary(sf::pipelines::run_train(t));
+}
+
 int run_demo_command(const std::string& out_dir, int num_images) {
     const fs::path root(out_dir);
     const fs::path data = root / "data";
@@ -341,6 +380,7 @@ int run_demo_command(const std::string& out_dir, int num_images) {
            " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
            " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
     std::cout << train_summary(sf::pipelines::run_train(t));
+    run_demo_video(root);
     std::cout << "\n== memory marks\n" << sf::mem::memory_log().table();
     return 0;
 }
