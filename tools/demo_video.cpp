@@ -61,14 +61,16 @@ void write_clip(const std::string& path, int frames, unsigned seed) {
     codec->bit_rate = 400000;
     if (out.context->oformat->flags & AVFMT_GLOBALHEADER)
         codec->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
-    if ((rc = avcodec_open2(codec.get(), mpeg4, nullptr)) < 0) fail(path, "opening the encoder", rc);
+    if ((rc = avcodec_open2(codec.get(), mpeg4, nullptr)) < 0)
+        fail(path, "opening the encoder", rc);
     AVStream* stream = avformat_new_stream(out.context, nullptr);
     if (stream == nullptr) throw Error::IOError(path + ": no stream");
     avcodec_parameters_from_context(stream->codecpar, codec.get());
     stream->time_base = codec->time_base;
     if ((rc = avio_open(&out.context->pb, path.c_str(), AVIO_FLAG_WRITE)) < 0)
         fail(path, "opening", rc);
-    if ((rc = avformat_write_header(out.context, nullptr)) < 0) fail(path, "writing the header", rc);
+    if ((rc = avformat_write_header(out.context, nullptr)) < 0)
+        fail(path, "writing the header", rc);
 
     AVFramePtr frame(av_frame_alloc());
     frame->format = AV_PIX_FMT_YUV420P;
@@ -86,8 +88,10 @@ void write_clip(const std::string& path, int frames, unsigned seed) {
         }
         for (int y = 0; y < kHeight / 2; ++y) {
             for (int x = 0; x < kWidth / 2; ++x) {
-                frame->data[1][y * frame->linesize[1] + x] = static_cast<uint8_t>(64 + seed * 29 % 128);
-                frame->data[2][y * frame->linesize[2] + x] = static_cast<uint8_t>(192 - 2 * i % 128);
+                frame->data[1][y * frame->linesize[1] + x] =
+                    static_cast<uint8_t>(64 + seed * 29 % 128);
+                frame->data[2][y * frame->linesize[2] + x] =
+                    static_cast<uint8_t>(192 - 2 * i % 128);
             }
         }
         frame->pts = i;
