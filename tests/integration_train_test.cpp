@@ -31,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using sf::pipelines::TrainOptions;
 using sf::test::kSanaflow;
+using sf::test::mean;
 using sf::test::TempDir;
 
 // A prepped cache of `images` generated images, shared by the tests of this file.
@@ -54,12 +55,6 @@ TrainOptions train_options(const std::string& out) {
     o.checkpointing_steps = 0;
     o.log_every = 1000;
     return o;
-}
-
-double mean(const std::vector<double>& v, size_t from, size_t to) {
-    double s = 0;
-    for (size_t i = from; i < to; ++i) s += v[i];
-    return s / static_cast<double>(to - from);
 }
 
 std::vector<double> losses_in(const std::string& output_dir) {

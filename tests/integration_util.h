@@ -97,4 +97,11 @@ inline int wait_for(pid_t pid) {
     return status;
 }
 
+// The mean of v[from, to).
+inline double mean(const std::vector<double>& v, size_t from, size_t to) {
+    double s = 0;
+    for (size_t i = from; i < to; ++i) s += v[i];
+    return s / static_cast<double>(to - from);
+}
+
 }  // namespace sf::test

@@ -25,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using sf::pipelines::TrainOptions;
+using sf::test::mean;
 using sf::test::TempDir;
 
 // Two 2-second clips at 8 fps (16 frames each: three 5-frame chunk windows per clip) in `dir`.
@@ -68,12 +69,6 @@ TrainOptions video_train_options(const std::string& out) {
     o.checkpointing_steps = 0;
     o.log_every = 1000;
     return o;
-}
-
-double mean(const std::vector<double>& v, size_t from, size_t to) {
-    double s = 0;
-    for (size_t i = from; i < to; ++i) s += v[i];
-    return s / static_cast<double>(to - from);
 }
 
 std::map<std::string, at::Tensor> tensors_of(const std::string& path) {

@@ -217,10 +217,15 @@ TEST(TrainStepVideo, ImageToVideoStepsTrainAndAreRefusedOutOfRange) {
     sf::train::TrainStepOptions o;
     o.i2v_probability = 1.0;
     const auto grads = step_gradients(o);
-    double total = 0;
-    for (const auto& [name, g] : grads) total += g.abs().sum().item<double>();
+    const auto plain = step_gradients(sf::train::TrainStepOptions{});
+    double total = 0, differs = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+        total += grads[i].second.abs().sum().item<double>();
+        differs += (grads[i].second - plain[i].second).abs().sum().item<double>();
+    }
     EXPECT_GT(total, 0.0);
     EXPECT_TRUE(std::isfinite(total));
+    EXPECT_GT(differs, 1e-3 * total) << "image-to-video changed nothing in the step";
     o.i2v_probability = 1.5;
     EXPECT_THROW(step_gradients(o), sf::Error);
     o.i2v_probability = 0;

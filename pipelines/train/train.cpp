@@ -193,6 +193,20 @@ std::string save_final_weights_safely(const TrainOptions& o,
     return path;
 }
 
+// OUT/training_summary.json: what the run did, every step's loss among it.
+void write_summary(const TrainOptions& o, const TrainReport& report) {
+    nlohmann::json summary;
+    summary["steps"] = report.steps;
+    summary["first_step_of_this_run"] = report.first_step;
+    summary["losses"] = report.losses;
+    summary["batch_frames_of_this_run"] = report.batch_frames;
+    summary["skipped_steps"] = report.skipped_steps;
+    summary["damaged_samples"] = report.damaged_samples;
+    summary["weights"] = report.weights_path;
+    storage::write_file_atomic((fs::path(o.output_dir) / "training_summary.json").string(),
+                               summary.dump(2));
+}
+
 }  // namespace
 
 TrainReport run_train(const TrainOptions& o) {
@@ -299,19 +313,9 @@ TrainReport run_train(const TrainOptions& o) {
     if (report.damaged_samples > 0) {
         log_warn("train: --skip_corrupt: {} damaged samples were left out", report.damaged_samples);
     }
-    nlohmann::json summary;
-    summary["steps"] = trainer.steps_done();
-    summary["first_step_of_this_run"] = report.first_step;
-    summary["losses"] = report.losses;
-    summary["batch_frames_of_this_run"] = report.batch_frames;
-    summary["skipped_steps"] = trainer.scaler().skipped_steps();
-    summary["damaged_samples"] = report.damaged_samples;
-    summary["weights"] = report.weights_path;
-    if (writes)
-        storage::write_file_atomic((fs::path(o.output_dir) / "training_summary.json").string(),
-                                   summary.dump(2));
     report.steps = trainer.steps_done();
     report.skipped_steps = trainer.scaler().skipped_steps();
+    if (writes) write_summary(o, report);
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report.phase_table = trainer.phase_table();
     report.memory_marks = memlog.table();

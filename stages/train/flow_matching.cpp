@@ -49,7 +49,7 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
             chunks.emplace_back(starts[k], end);
         }
     } else {
-        chunks.emplace_back(0, num_frames);
+        chunks.emplace_back(0, 1);  // one u per sample: [B, 1]
     }
     const auto cpu = at::TensorOptions().dtype(at::kFloat);
     // Drawn on the CPU from `gen` whatever the device, so a run is reproducible across devices,
@@ -65,7 +65,7 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
                     : at::rand({1}, gen, cpu);
             per_chunk.push_back(u.expand({end - begin}));
         }
-        us.push_back(per_frame ? at::cat(per_chunk) : per_chunk.front().narrow(0, 0, 1));
+        us.push_back(at::cat(per_chunk));
         noises.push_back(at::normal(0.0, 1.0, latents[i].sizes(), gen, cpu));
     }
     const at::Tensor u = at::stack(us);  // [B, 1] or [B, f]
