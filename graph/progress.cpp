@@ -148,6 +148,8 @@ void Progress::finish() {
 }
 
 void Progress::draw(bool final, int64_t now) {
+    // Through the logger: quiet (-q) hides progress like any other info line.
+    if (options_.out == nullptr && log_level() > LogLevel::kInfo) return;
     const double elapsed = static_cast<double>(now - start_ns_) * 1e-9;
     const int64_t done = done_.load(std::memory_order_relaxed);
     const int64_t total = total_.load(std::memory_order_relaxed);

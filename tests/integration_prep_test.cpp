@@ -309,6 +309,39 @@ TEST(PrepIntegration, ANonUtf8NameIsARejectAndAnEmptyDatasetLeavesTheManifest) {
     EXPECT_NE(cli.output.find("no usable sample"), std::string::npos) << cli.output;
 }
 
+// A prep whose every file is rejected exits non-zero with the reasons counted (numbers aside) and
+// an example of each; a prep with some rejects prints the same summary after its table.
+TEST(Cli, AnAllRejectedPrepSaysWhyWithCountsPerReason) {
+    TempDir tmp("sf_prep_rejects");
+    const auto data = tmp.path() / "data";
+    std::filesystem::create_directories(data);
+    for (int i = 0; i < 3; ++i) {  // too small, each another size
+        cv::Mat small(40 + i, 50 + i, CV_8UC3, cv::Scalar(10, 20, 30));
+        ASSERT_TRUE(cv::imwrite((data / ("small_" + std::to_string(i) + ".png")).string(), small));
+        sf::test::write_file(data / ("small_" + std::to_string(i) + ".txt"), "a small image");
+    }
+    for (int i = 0; i < 2; ++i) {  // not an image at all
+        sf::test::write_file(data / ("junk_" + std::to_string(i) + ".jpg"), "not a jpeg");
+        sf::test::write_file(data / ("junk_" + std::to_string(i) + ".txt"), "junk");
+    }
+    const std::string prep = kSanaflow + " prep --instance_data_dir " + data.string() +
+                             " --cache_dir " + tmp.file("cache") + " --min_side 128";
+    const auto all = sf::test::run_command(prep);
+    EXPECT_EQ(all.exit_code, 2) << all.output;
+    EXPECT_NE(all.output.find("no usable sample"), std::string::npos) << all.output;
+    EXPECT_NE(all.output.find("  3 x ["), std::string::npos) << all.output;
+    EXPECT_NE(all.output.find("  2 x ["), std::string::npos) << all.output;
+    EXPECT_NE(all.output.find("(e.g. " + data.string() + "/small_"), std::string::npos)
+        << all.output;
+    EXPECT_NE(all.output.find("(e.g. " + data.string() + "/junk_"), std::string::npos)
+        << all.output;
+
+    sf::test::write_dataset(data, 0, 2);
+    const auto some = sf::test::run_command(prep);
+    EXPECT_EQ(some.exit_code, 0) << some.output;
+    EXPECT_NE(some.output.find("rejects by reason:\n  3 x ["), std::string::npos) << some.output;
+}
+
 TEST(Cli, HelpAndErrors) {
     auto help = sf::test::run_command(kSanaflow + " --help");
     EXPECT_EQ(help.exit_code, 0);

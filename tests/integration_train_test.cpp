@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -47,6 +49,8 @@ const std::string& shared_cache(int images = 8) {
 
 TrainOptions train_options(const std::string& out) {
     TrainOptions o;
+    o.rank = 0;  // every weight, no warmup: the library defaults are upstream's (LoRA, 500)
+    o.lr_warmup_steps = 0;
     o.cache_dir = shared_cache();
     o.output_dir = out;
     o.max_train_steps = 30;
@@ -82,6 +86,21 @@ TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {
     EXPECT_TRUE(fs::exists(out.file("run/transformer/diffusion_pytorch_model.safetensors")));
     EXPECT_TRUE(fs::exists(out.file("run/transformer/config.json")));
     EXPECT_NE(report.phase_table.find("backward"), std::string::npos);
+    // metrics.jsonl: a line per step, in order, with what a plot needs.
+    const std::string metrics = sf::test::read_file(out.file("run/metrics.jsonl"));
+    std::istringstream lines(metrics);
+    std::string line;
+    int64_t step = 0;
+    while (std::getline(lines, line)) {
+        const auto j = nlohmann::json::parse(line);
+        EXPECT_EQ(j.at("step").get<int64_t>(), ++step);
+        EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), report.losses[static_cast<size_t>(step - 1)]);
+        for (const char* key :
+             {"lr", "grad_norm", "loss_scale", "step_seconds", "samples_per_second"})
+            EXPECT_TRUE(j.at(key).is_number()) << key << " in " << line;
+        EXPECT_GT(j.at("peak_bytes").at("backward").get<int64_t>(), 0) << line;
+    }
+    EXPECT_EQ(step, 30);
 }
 
 // The saved transformer/ is a diffusers-layout model that training can start from again: its
@@ -454,6 +473,176 @@ TEST(TrainIntegration, ATrainingSetReadsSeveralCacheShards) {
         EXPECT_EQ(batch.latents.size(3) * ratio, bucket.width) << bucket.name();
     }
     EXPECT_EQ(sf::train::TrainingSet::open(shard_b).samples().size(), 4u);
+}
+
+// --config reads YAML with yaml-cpp: sections (their names are not part of a flag), lists (a
+// flag's comma-separated value), null (the default), comments after apostrophes. A key that is no
+// flag (a SimpleTuner-style file) is refused naming the file, its line and the key.
+TEST(TrainCli, AYamlConfigWithSectionsListsAndNulls) {
+    TempDir tmp("sf_train_yaml_nested");
+    sf::test::write_file(tmp.path() / "train.yaml",
+                         "# it's a tiny run\n"
+                         "cache_dir: " +
+                             shared_cache() +
+                             "\n"
+                             "optimization:\n"
+                             "  max_train_steps: 2   # it's short\n"
+                             "  learning_rate: 1e-3\n"
+                             "  lr_warmup_steps: 0\n"
+                             "lora:\n"
+                             "  rank: 2\n"
+                             "  lora_layers: [to_q, to_k]\n"
+                             "resume_from_checkpoint: null\n");
+    const auto ok = sf::test::run_command(kSanaflow + " train --config " + tmp.file("train.yaml") +
+                                          " --output_dir " + tmp.file("out"));
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
+    EXPECT_NE(ok.output.find("trained 2 steps"), std::string::npos) << ok.output;
+    const auto st = sf::storage::SafetensorsFile::open(
+        tmp.file("out/pytorch_lora_weights.safetensors"), sf::storage::ChecksumPolicy::kRequire);
+    const auto meta = nlohmann::json::parse(st.metadata().at("lora_adapter_metadata"));
+    EXPECT_EQ(meta.at("transformer.r").get<int64_t>(), 2);
+    EXPECT_EQ(meta.at("transformer.target_modules").get<std::vector<std::string>>(),
+              (std::vector<std::string>{"to_q", "to_k"}));
+
+    sf::test::write_file(tmp.path() / "simpletuner.yaml",
+                         "learning_rate: 1e-4\nmodel_family: sana\nlora_type: standard\n");
+    const auto foreign =
+        sf::test::run_command(kSanaflow + " train --config " + tmp.file("simpletuner.yaml") +
+                              " --cache_dir " + shared_cache());
+    EXPECT_EQ(foreign.exit_code, 2) << foreign.output;
+    EXPECT_NE(foreign.output.find("--model_family (" + tmp.file("simpletuner.yaml") + " line 2)"),
+              std::string::npos)
+        << foreign.output;
+    EXPECT_NE(foreign.output.find("--lora_type (" + tmp.file("simpletuner.yaml") + " line 3)"),
+              std::string::npos)
+        << foreign.output;
+    sf::test::write_file(tmp.path() / "broken.yaml", "learning_rate: [1e-4\n");
+    const auto broken = sf::test::run_command(kSanaflow + " train --config " +
+                                              tmp.file("broken.yaml") + " --cache_dir x");
+    EXPECT_EQ(broken.exit_code, 2) << broken.output;
+    EXPECT_NE(broken.output.find(tmp.file("broken.yaml") + " line"), std::string::npos)
+        << broken.output;
+}
+
+// Every flag sanaflow shares with diffusers' train_dreambooth_lora_sana.py (v0.33.1) defaults to
+// what that script's argparse says, where the meaning is the same. The CLI binds the flags to
+// default-constructed options, so these are the command's defaults.
+TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
+    const TrainOptions t;
+    const sf::pipelines::PrepOptions p;
+    struct Row {
+        const char* flag;
+        double ours, upstream;
+    };
+    const Row rows[] = {
+        {"--rank", static_cast<double>(t.rank), 4},
+        {"--lora_alpha", t.lora_alpha, 4},
+        {"--learning_rate", t.learning_rate, 1e-4},
+        {"--lr_warmup_steps", static_cast<double>(t.lr_warmup_steps), 500},
+        {"--lr_num_cycles", static_cast<double>(t.lr_num_cycles), 1},
+        {"--lr_power", t.lr_power, 1.0},
+        {"--adam_beta1", t.adam_beta1, 0.9},
+        {"--adam_beta2", t.adam_beta2, 0.999},
+        {"--adam_weight_decay", t.adam_weight_decay, 1e-4},
+        {"--adam_epsilon", t.adam_epsilon, 1e-8},
+        {"--max_grad_norm", t.max_grad_norm, 1.0},
+        {"--train_batch_size", static_cast<double>(t.train_batch_size), 4},
+        {"--num_train_epochs", static_cast<double>(t.num_train_epochs), 1},
+        {"--gradient_accumulation_steps", static_cast<double>(t.gradient_accumulation_steps), 1},
+        {"--checkpointing_steps", static_cast<double>(t.checkpointing_steps), 500},
+        {"--resolution", static_cast<double>(p.resolution), 512},
+    };
+    for (const Row& r : rows) EXPECT_EQ(r.ours, r.upstream) << r.flag;
+    // Strings and switches.
+    EXPECT_EQ(t.lr_scheduler, "constant");
+    EXPECT_EQ(t.weighting_scheme, "none");
+    EXPECT_EQ(t.logit_mean, 0.0);
+    EXPECT_EQ(t.logit_std, 1.0);
+    EXPECT_EQ(t.mode_scale, 1.29);
+    EXPECT_EQ(t.output_dir, "sana-dreambooth-lora");
+    EXPECT_EQ(t.lora_target_modules, "to_q,to_k,to_v");  // upstream: None -> to_k, to_q, to_v
+    EXPECT_EQ(t.max_train_steps, 0);                     // upstream: None -> the epochs
+    EXPECT_FALSE(t.scale_lr);
+    EXPECT_FALSE(t.allow_tf32);
+    EXPECT_EQ(t.gradient_checkpointing, 0);
+    EXPECT_TRUE(t.resume_from_checkpoint.empty());
+}
+
+// The launch line of the Sana OOM guide, typed after `sanaflow train` as the guide spells it (the
+// built-in tiny models stand in for ./pretrained/sana): prep into OUTPUT_DIR/cache, then LoRA
+// training (upstream's default) over one epoch. Where this LibTorch has no fp16 on the CPU the
+// refusal names the flag before anything runs, and the same line runs with bf16.
+TEST(TrainCli, TheGuidesLaunchLineRunsAsOneCommand) {
+    TempDir tmp("sf_guide");
+    sf::test::write_dataset(tmp.path() / "my_images", 0, 6);
+    const std::string out = tmp.file("out");
+    const std::string rest =
+        " --gradient_checkpointing --offload --instance_data_dir " + tmp.file("my_images") +
+        " --instance_prompt \"photo of my pet\" --train_batch_size 2 "
+        "--gradient_accumulation_steps 4 --cache_latents --allow_tf32 --lr_scheduler cosine "
+        "--learning_rate 5e-5 --output_dir " +
+        out;
+    std::string precision = " --mixed_precision fp16";
+    auto r = sf::test::run_command(kSanaflow + " train" + precision + rest);
+    if (r.exit_code != 0 &&
+        r.output.find("--mixed_precision fp16: this LibTorch has no") != std::string::npos) {
+        EXPECT_EQ(r.exit_code, 2) << r.output;
+        EXPECT_FALSE(fs::exists(out + "/cache")) << "refused after work began";
+        precision = " --mixed_precision bf16";
+        r = sf::test::run_command(kSanaflow + " train" + precision + rest);
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("6 written"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("trained 1 steps"), std::string::npos) << r.output;
+    EXPECT_TRUE(fs::exists(out + "/cache"));
+    EXPECT_TRUE(fs::exists(out + "/pytorch_lora_weights.safetensors")) << "LoRA by default";
+    EXPECT_FALSE(fs::exists(out + "/transformer"));
+    EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
+    // Again: the prep part finds everything cached and loads no encoder.
+    auto again = sf::test::run_command(kSanaflow + " train" + precision + rest);
+    EXPECT_EQ(again.exit_code, 0) << again.output;
+    EXPECT_NE(again.output.find("6 already cached, 0 written"), std::string::npos) << again.output;
+    // Without data or a cache: one line saying what to give.
+    auto none = sf::test::run_command(kSanaflow + " train --output_dir " + out);
+    EXPECT_EQ(none.exit_code, 2);
+    EXPECT_NE(none.output.find("give --cache_dir"), std::string::npos) << none.output;
+}
+
+// Upstream's flags that cannot apply are refused with one line each saying why; unknown flags are
+// named all at once (not their values) with the nearest spelling; --version says what was built.
+TEST(TrainCli, RefusedAndUnknownFlagsAreNamedAllAtOnce) {
+    auto hub = sf::test::run_command(kSanaflow +
+                                     " train --push_to_hub --hub_model_id me/pet --cache_dir x");
+    EXPECT_EQ(hub.exit_code, 2);
+    EXPECT_NE(hub.output.find("--push_to_hub: sanaflow does not upload"), std::string::npos)
+        << hub.output;
+    EXPECT_NE(hub.output.find("--hub_model_id: sanaflow does not upload"), std::string::npos)
+        << hub.output;
+    auto unknown = sf::test::run_command(
+        kSanaflow + " train --cache_dir x --learning_rat 1e-4 --gradient_checkpoint --zzz 7");
+    EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+    EXPECT_NE(unknown.output.find("--learning_rat (did you mean --learning_rate?)"),
+              std::string::npos)
+        << unknown.output;
+    EXPECT_NE(unknown.output.find("--gradient_checkpoint (did you mean --gradient_checkpointing?)"),
+              std::string::npos)
+        << unknown.output;
+    EXPECT_NE(unknown.output.find("--zzz"), std::string::npos) << unknown.output;
+    EXPECT_EQ(unknown.output.find("1e-4"), std::string::npos)
+        << "values mixed in: " << unknown.output;
+    auto version = sf::test::run_command(kSanaflow + " --version");
+    EXPECT_EQ(version.exit_code, 0);
+    EXPECT_NE(version.output.find("LibTorch " TORCH_VERSION), std::string::npos) << version.output;
+    // -q after the subcommand: only errors and the final result, no progress or info lines.
+    TempDir tmp("sf_quiet");
+    auto quiet =
+        sf::test::run_command(kSanaflow + " train --cache_dir " + shared_cache() +
+                              " --max_train_steps 1 --output_dir " + tmp.file("out") + " -q");
+    EXPECT_EQ(quiet.exit_code, 0) << quiet.output;
+    EXPECT_NE(quiet.output.find("trained 1 steps"), std::string::npos) << quiet.output;
+    EXPECT_EQ(quiet.output.find(" info]"), std::string::npos) << quiet.output;
+    auto bogus = sf::test::run_command(kSanaflow + " bogus");
+    EXPECT_EQ(bogus.exit_code, 2) << bogus.output;
 }
 
 }  // namespace

@@ -61,6 +61,8 @@ const std::string& joint_cache() {
 
 TrainOptions video_train_options(const std::string& out) {
     TrainOptions o;
+    o.rank = 0;  // every weight, no warmup: the library defaults are upstream's (LoRA, 500)
+    o.lr_warmup_steps = 0;
     o.cache_dir = video_cache();
     o.output_dir = out;
     o.max_train_steps = 30;

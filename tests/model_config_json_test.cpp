@@ -17,6 +17,7 @@
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2_config.h"
 #include "model/sana/sana_config.h"
+#include "model/sana_video/sana_video_config.h"
 #include "test_util.h"
 
 namespace {
@@ -209,7 +210,7 @@ TEST(ConfigJson, EachWrongTypeNamesTheFileAndTheKey) {
         {[&] { r.integer("num", i); }, R"("num" must be an integer, got 1.5)"},
         {[&] { r.integer("null", i); }, R"("null" must be an integer, got null)"},
         {[&] { r.integer("huge", i); },
-         R"("huge" must be an integer below 2^63, got 9223372036854775808)"},
+         R"("huge" must be an integer of magnitude at most 2^31 - 1, got 9223372036854775808)"},
         {[&] { r.number("boolean", d); }, R"("boolean" must be a number, got true)"},
         {[&] { r.boolean("int", b); }, R"("int" must be true or false, got 2)"},
         {[&] { r.string("int", s); }, R"("int" must be a string, got 2)"},
@@ -230,11 +231,18 @@ TEST(ConfigJson, EachWrongTypeNamesTheFileAndTheKey) {
         EXPECT_EQ(t.code, ErrorCode::kInvalidArgument) << t.message;
         EXPECT_TRUE(contains(t.message, "dir/config.json: " + expected)) << t.message;
     }
-    // The largest int64 is still an integer.
+    // The bound is inclusive on both sides; one past it is refused.
     r.integer("int", i);
     int64_t max = 0;
-    ConfigReader({{"max", 9223372036854775807}}, "x.json").integer("max", max);
-    EXPECT_EQ(max, 9223372036854775807);
+    ConfigReader({{"max", 2147483647}, {"min", -2147483647}}, "x.json").integer("max", max);
+    EXPECT_EQ(max, 2147483647);
+    ConfigReader({{"min", -2147483647}}, "x.json").integer("min", max);
+    EXPECT_EQ(max, -2147483647);
+    EXPECT_TRUE(
+        contains(error_of([&] {
+                     ConfigReader({{"n", 2147483648}}, "x.json").integer("n", max);
+                 }),
+                 R"("n" must be an integer of magnitude at most 2^31 - 1, got 2147483648)"));
     EXPECT_TRUE(contains(error_of([] { ConfigReader(json::array(), "x.json"); }),
                          "x.json: not a JSON object"));
 }
@@ -255,6 +263,60 @@ TEST(ConfigJson, TheConfigsReportWrongTypesTheSameWay) {
     sf::test::write_file(file, R"({"rope_parameters": {"rope_theta": "big"}})");
     EXPECT_TRUE(contains(error_of([&] { sf::model::Gemma2Config::from_json_file(file); }),
                          file + R"(: "rope_parameters.rope_theta" must be a number, got "big")"));
+}
+
+// Sizes whose products pass 2^63 are refused naming the file, never wrapped: a fuzzer found
+// {"vocab_size": 466000000000060071} overflowing the Gemma-2 parameter count (undefined behaviour).
+TEST(ConfigJson, SizesThatOverflowAParameterCountAreRefused) {
+    const std::string where = "fuzzed/config.json";
+    const std::string gemma = error_of([&] {
+        sf::model::Gemma2Config::from_json(
+            parse_config_json(R"({"vocab_size": 466000000000060071})", where), where);
+    });
+    EXPECT_TRUE(contains(
+        gemma,
+        where +
+            R"(: "vocab_size" must be an integer of magnitude at most 2^31 - 1, got 466000000000060071)"))
+        << gemma;
+    // Each size in range, their product not: the count refuses, naming the file.
+    const std::string big =
+        R"({"vocab_size": 2147483647, "hidden_size": 2147483647, "intermediate_size": 2147483647, "num_hidden_layers": 2147483647, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2})";
+    const Thrown count = thrown_by(
+        [&] { sf::model::Gemma2Config::from_json(parse_config_json(big, where), where); });
+    EXPECT_EQ(count.code, ErrorCode::kInvalidArgument);
+    EXPECT_TRUE(contains(count.message, where + ": the config's sizes are too large"))
+        << count.message;
+
+    const std::string sana = error_of([&] {
+        sf::model::SanaTransformerConfig::from_json(
+            R"({"num_attention_heads": 65536, "attention_head_dim": 65536, "cross_attention_dim": 4294967296, "num_layers": 2147483647})",
+            where);
+    });
+    EXPECT_TRUE(
+        contains(sana, where + R"(: "cross_attention_dim" must be an integer of magnitude)"))
+        << sana;
+    const std::string sana_count = error_of([&] {
+        sf::model::SanaTransformerConfig::from_json(
+            R"({"num_attention_heads": 32768, "attention_head_dim": 65536, "cross_attention_dim": 2147483648, "num_layers": 2147483647})",
+            where);
+    });
+    EXPECT_TRUE(contains(sana_count, "must be an integer of magnitude")) << sana_count;
+    const std::string layers = error_of([&] {
+        sf::model::SanaTransformerConfig::from_json(
+            R"({"num_attention_heads": 1024, "attention_head_dim": 1024, "cross_attention_dim": 1048576, "num_layers": 2147483647, "caption_channels": 2147483647})",
+            where);
+    });
+    EXPECT_TRUE(contains(layers, where + ": the config's sizes are too large")) << layers;
+    // A huge but finite mlp_ratio is refused before the feed-forward width is cast to an integer.
+    const std::string ratio = error_of(
+        [&] { sf::model::SanaTransformerConfig::from_json(R"({"mlp_ratio": 1e300})", where); });
+    EXPECT_TRUE(contains(ratio, where + ": mlp_ratio must give a positive feed-forward width"))
+        << ratio;
+    const std::string video = error_of([&] {
+        sf::model::SanaVideoTransformerConfig::from_json(
+            R"({"patch_size": [2147483647, 2147483647, 2147483647]})", where);
+    });
+    EXPECT_TRUE(contains(video, where + ": patch_size must list sizes in [1, 1024]")) << video;
 }
 
 TEST(ConfigJson, AValueTooLongToPrintIsCutShort) {

@@ -237,6 +237,54 @@ TEST(LoRA, SaveThenLoadReproducesTheOutputExactly) {
     EXPECT_TRUE(torch::equal(run(plain, in), expected));
 }
 
+// diffusers v0.33.1 ignores lora_adapter_metadata and applies a LoRA as W + B A. The file training
+// writes has alpha / rank baked into lora_B, so that reading of it is the trained forward; it
+// loads back into adapters with alpha = rank.
+struct OneLinear : torch::nn::Module {
+    torch::nn::Linear to_q{nullptr};
+    OneLinear() { to_q = register_module("to_q", torch::nn::Linear(8, 6)); }
+};
+
+TEST(LoRA, ABakedFileAppliedAsWPlusBAIsTheTrainedForward) {
+    sf::test::TempDir dir("sf_lora_baked");
+    torch::manual_seed(3);
+    auto trained = std::make_shared<OneLinear>();
+    add_lora(*trained, LoRAConfig{4, 8.0, {"to_q"}, 0.0});
+    randomize_lora_b(*trained);
+    const std::string file = dir.file(sf::model::kLoraWeightName);
+    sf::model::save_lora(*trained, file, {}, /*bake_scale=*/true);
+
+    auto st = sf::storage::SafetensorsFile::open(file, sf::storage::ChecksumPolicy::kRequire);
+    EXPECT_EQ(st.metadata().at("format"), "pt");
+    const auto meta = nlohmann::json::parse(st.metadata().at("lora_adapter_metadata"));
+    EXPECT_EQ(meta.at("transformer.lora_alpha").get<double>(), 4.0);  // = rank
+    EXPECT_EQ(st.metadata().at("sanaflow.trained_lora_alpha"), "8");
+    auto tensor = [&](const std::string& name) {
+        return sf::storage::from_tensor_data(st.read(name));
+    };
+    const at::Tensor a = tensor("transformer.to_q.lora_A.weight");
+    const at::Tensor b = tensor("transformer.to_q.lora_B.weight");
+    torch::NoGradGuard no_grad;
+    const at::Tensor x = torch::randn({5, 8});
+    const at::Tensor expected = sf::model::apply_linear(trained->to_q, x);
+    const at::Tensor merged =
+        torch::nn::functional::linear(x, trained->to_q->weight + b.matmul(a), trained->to_q->bias);
+    EXPECT_TRUE(torch::allclose(merged, expected, 1e-5, 1e-6))
+        << (merged - expected).abs().max().item<float>();
+    // The unbaked file would be off by alpha / rank under that reading.
+    EXPECT_FALSE(
+        torch::allclose(torch::nn::functional::linear(x, trained->to_q->weight + (b / 2).matmul(a),
+                                                      trained->to_q->bias),
+                        expected, 1e-5, 1e-6));
+
+    auto loaded = std::make_shared<OneLinear>();
+    loaded->to_q->weight.copy_(trained->to_q->weight);
+    loaded->to_q->bias.copy_(trained->to_q->bias);
+    add_lora(*loaded, LoRAConfig{4, 4.0, {"to_q"}, 0.0});
+    sf::model::load_lora(*loaded, file);
+    EXPECT_TRUE(torch::allclose(sf::model::apply_linear(loaded->to_q, x), expected, 1e-5, 1e-6));
+}
+
 TEST(LoRA, LoadRefusesMissingMisshapedAndUnexpectedTensorsNamingThem) {
     sf::test::TempDir dir("sf_lora");
     SanaTransformer model = make_model();

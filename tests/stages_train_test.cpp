@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -121,11 +122,30 @@ TEST(LRSchedule, FollowsDiffusersShapes) {
     EXPECT_NEAR(cosine.at(60), 0.5, 1e-12);
     EXPECT_NEAR(cosine.at(110), 0.0, 1e-12);
     EXPECT_NEAR(sf::train::LRSchedule("linear", 1.0, 0, 100).at(25), 0.75, 1e-12);
-    try {
-        sf::train::LRSchedule("cosine_with_restarts", 1.0, 0, 10);
-        FAIL();
-    } catch (const sf::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("--lr_scheduler"), std::string::npos);
+    // cosine_with_restarts: num_cycles hard restarts over the steps after the warmup.
+    sf::train::LRSchedule restarts("cosine_with_restarts", 1.0, 0, 10, /*num_cycles=*/2);
+    EXPECT_NEAR(restarts.at(2), 0.5 * (1.0 + std::cos(M_PI * 0.4)), 1e-12);
+    EXPECT_NEAR(restarts.at(5), 1.0, 1e-12);  // the restart
+    EXPECT_NEAR(restarts.at(7), 0.5 * (1.0 + std::cos(M_PI * 0.4)), 1e-12);
+    EXPECT_EQ(restarts.at(10), 0.0);
+    // polynomial: from the peak to lr_end 1e-7 with `power`, then lr_end.
+    sf::train::LRSchedule poly("polynomial", 1.0, 2, 10, 1, /*power=*/2.0);
+    EXPECT_DOUBLE_EQ(poly.at(1), 0.5);
+    EXPECT_NEAR(poly.at(6), (1.0 - 1e-7) * 0.25 + 1e-7, 1e-15);
+    EXPECT_NEAR(poly.at(10), 1e-7, 1e-15);
+    EXPECT_NEAR(poly.at(50), 1e-7, 1e-15);
+    for (const auto& bad : {std::make_pair("cosine_restarts", "--lr_scheduler"),
+                            std::make_pair("polynomial-low-lr", "--learning_rate")}) {
+        try {
+            if (std::string(bad.first) == "polynomial-low-lr") {
+                sf::train::LRSchedule("polynomial", 1e-8, 0, 10);
+            } else {
+                sf::train::LRSchedule(bad.first, 1.0, 0, 10);
+            }
+            FAIL() << bad.first;
+        } catch (const sf::Error& e) {
+            EXPECT_NE(std::string(e.what()).find(bad.second), std::string::npos) << e.what();
+        }
     }
 }
 
@@ -183,6 +203,56 @@ TEST(FlowMatching, BatchDrawsWhatItsSamplesDrawOneByOne) {
     EXPECT_TRUE((whole.sigmas > 0).all().item<bool>() && (whole.sigmas <= 1).all().item<bool>());
     c.flow_shift = 0;
     EXPECT_THROW(sf::train::check_flow_matching(c), sf::Error);
+}
+
+// Upstream's weighting schemes (diffusers' compute_density_for_timestep_sampling and
+// compute_loss_weighting_for_sd3): "mode" reshapes the uniform draw, "sigma_sqrt" and "cosmap"
+// weight the squared error by their functions of sigma, "none" is the plain uniform draw.
+TEST(FlowMatching, WeightingSchemesDrawAndWeighAsUpstream) {
+    const auto latents = torch::randn({4, 4, 2, 2});
+    auto noised = [&](const std::string& scheme, double mode_scale = 1.29) {
+        sf::train::FlowMatchingConfig c;
+        c.weighting_scheme = scheme;
+        c.mode_scale = mode_scale;
+        sf::train::check_flow_matching(c);
+        at::Generator g = at::detail::createCPUGenerator(11);
+        return sf::train::flow_matching_noise(latents, c, g);
+    };
+    // The draws: per sample u then its noise, so the first draw of sample 0 is its u.
+    at::Generator g = at::detail::createCPUGenerator(11);
+    const double v = at::rand({1}, g).item<double>();
+    auto sigma_of = [](double u) {
+        const double index = std::min(std::floor(u * 1000), 999.0), s = (1000 - index) / 1000;
+        return 3.0 * s / (1 + 2.0 * s);
+    };
+    EXPECT_NEAR(noised("none").sigmas[0].item<double>(), sigma_of(v), 1e-6);
+    const double mode_u = 1 - v - 1.29 * (std::pow(std::cos(M_PI * v / 2), 2) - 1 + v);
+    EXPECT_NEAR(noised("mode").sigmas[0].item<double>(), sigma_of(mode_u), 1e-6);
+    EXPECT_FALSE(noised("none").loss_weights.defined());
+    EXPECT_FALSE(noised("mode").loss_weights.defined());
+
+    const auto sq = noised("sigma_sqrt");
+    EXPECT_TRUE(torch::allclose(sq.loss_weights, sq.sigmas.pow(-2)));
+    const auto cm = noised("cosmap");
+    EXPECT_TRUE(
+        torch::allclose(cm.loss_weights, 2 / (M_PI * (1 - 2 * cm.sigmas + 2 * cm.sigmas.pow(2)))));
+    // The loss: mean over each sample of w (prediction - target)^2, then over the batch.
+    const auto prediction = torch::randn(latents.sizes());
+    const auto expected = (sq.loss_weights.view({4, 1, 1, 1}) * (prediction - sq.target).pow(2))
+                              .mean({1, 2, 3})
+                              .mean();
+    EXPECT_NEAR(
+        sf::train::flow_matching_loss(prediction, sq.target, {}, sq.loss_weights).item<double>(),
+        expected.item<double>(), 1e-4 * expected.item<double>());
+    sf::train::FlowMatchingConfig bad;
+    bad.weighting_scheme = "sigmoid";
+    try {
+        sf::train::check_flow_matching(bad);
+        FAIL();
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--weighting_scheme must be none, logit_normal, mode"),
+                  std::string::npos);
+    }
 }
 
 TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/common/lora.h"
 #include "model/sana_video/sana_video_transformer.h"
@@ -95,6 +97,25 @@ TEST(FlowMatchingFrames, ImageToVideoKeepsFrameZeroCleanAndOutOfTheLoss) {
     const at::Tensor rest = sf::train::flow_matching_loss(prediction.detach().narrow(2, 1, 3),
                                                           noised.target.narrow(2, 1, 3));
     EXPECT_NEAR(loss.item<double>(), rest.item<double>(), 1e-6);
+}
+
+// sigma_sqrt weighs by sigma^-2, infinite on the clean frame 0: that frame is out of the loss and
+// its weight 0, so the loss stays finite and frame 0 gets no gradient.
+TEST(FlowMatchingFrames, ImageToVideoWithSigmaWeightingStaysFinite) {
+    sf::train::FlowMatchingConfig c;
+    c.weighting_scheme = "sigma_sqrt";
+    const at::Tensor x0 = video_latents(2, 4);
+    at::Generator g = seeded(3);
+    FrameTimesteps frames;
+    frames.clean_first_frame = true;
+    const auto noised = sf::train::flow_matching_noise(x0, c, g, frames);
+    EXPECT_EQ(noised.loss_weights.select(1, 0).abs().max().item<float>(), 0.0f);
+    const at::Tensor prediction = torch::randn(x0.sizes()).requires_grad_(true);
+    const at::Tensor loss = sf::train::flow_matching_loss(
+        prediction, noised.target, noised.frame_weights, noised.loss_weights);
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
+    loss.backward();
+    EXPECT_EQ(prediction.grad().select(2, 0).abs().max().item<float>(), 0.0f);
 }
 
 TEST(FlowMatchingFrames, ChunkStartsMustIncreaseFromZero) {

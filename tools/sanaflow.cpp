@@ -1,5 +1,6 @@
 // The `sanaflow` command line. Flags keep the spelling of the diffusers Sana training scripts.
 #include <fmt/format.h>
+#include <torch/version.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "pipelines/models_table.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
+#include "tools/flag_check.h"
 #include "tools/yaml_config.h"
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
@@ -32,6 +34,22 @@ using sf::pipelines::TrainOptions;
 
 constexpr int64_t kMaxSteps = 1'000'000'000'000;  // a trillion steps: no run gets near it
 constexpr int64_t kMaxSeed = INT64_MAX;
+
+// Exit status (README, "Exit status"): 0 done; 2 a usage error (a bad flag, value or input the
+// user can fix, a missing file); 3 a corrupt cache or file; 1 anything else (I/O, memory, a bug).
+constexpr int kExitOk = 0, kExitError = 1, kExitUsage = 2, kExitCorrupt = 3;
+
+int exit_code(sf::ErrorCode code) {
+    switch (code) {
+        case sf::ErrorCode::kInvalidArgument:
+        case sf::ErrorCode::kNotFound:
+            return kExitUsage;
+        case sf::ErrorCode::kCorruption:
+            return kExitCorrupt;
+        default:
+            return kExitError;
+    }
+}
 
 // An integer flag's text checked before CLI11 converts it: CLI11 turns an integer that
 // overflows into the largest one, and an unsigned flag takes -1 as 2^64 - 1.
@@ -75,10 +93,25 @@ void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {
                     "chunk draws its own timestep)");
 }
 
-void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
-                     int64_t& checkpointing_every) {
-    cmd->add_option("--cache_dir", o.cache_dir, "a cache made by sanaflow prep")->required();
-    cmd->add_option("--output_dir", o.output_dir, "checkpoints and the final weights")->required();
+// What `sanaflow train` takes besides TrainOptions: flags that set several options, flags kept for
+// upstream's spelling, and prep's data flags for the one-command form (--instance_data_dir).
+struct TrainCommand {
+    bool checkpointing = false;
+    int64_t checkpointing_every = 1;
+    bool full_finetune = false;
+    bool cache_latents = false;
+    bool upcast_before_saving = false;
+    std::string optimizer = "AdamW";
+    PrepOptions prep;
+};
+
+void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    cmd->add_option("--cache_dir", o.cache_dir,
+                    "a cache made by sanaflow prep; with --instance_data_dir, where prep writes it "
+                    "first [OUTPUT_DIR/cache]");
+    cmd->add_option("--output_dir", o.output_dir,
+                    "checkpoints, metrics.jsonl and the final weights")
+        ->capture_default_str();
     cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
                     "diffusers-layout directory (or its transformer/) to fine-tune");
     cmd->add_option("--transformer_config", o.transformer_config,
@@ -94,9 +127,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
         ->check(CLI::IsMember({"no", "fp16", "bf16"}))
         ->capture_default_str();
     cmd->add_flag("--allow_tf32", o.allow_tf32, "TF32 matmuls and convolutions on CUDA");
-    cmd->add_flag("--gradient_checkpointing", checkpointing,
+    cmd->add_flag("--gradient_checkpointing", c.checkpointing,
                   "recompute transformer blocks in backward");
-    cmd->add_option("--gradient_checkpointing_every", checkpointing_every,
+    cmd->add_option("--gradient_checkpointing_every", c.checkpointing_every,
                     "with --gradient_checkpointing: recompute every k-th block")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
@@ -115,33 +148,62 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
                     "micro-batches per optimizer step")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
-    cmd->add_option("--max_train_steps", o.max_train_steps, "optimizer steps")
-        ->check(integer_in(1, kMaxSteps))
+    cmd->add_option("--max_train_steps", o.max_train_steps,
+                    "optimizer steps; 0: --num_train_epochs over the cache")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--num_train_epochs", o.num_train_epochs,
+                    "passes over the cache when --max_train_steps is not given")
+        ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
+    cmd->add_flag("--scale_lr", o.scale_lr,
+                  "multiply the learning rate by the batch size and the accumulation steps");
     cmd->add_option("--lr_scheduler", o.lr_scheduler,
-                    "constant, constant_with_warmup, linear or cosine")
+                    "constant, constant_with_warmup, linear, cosine, cosine_with_restarts or "
+                    "polynomial")
         ->capture_default_str();
     cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)
         ->check(integer_in(0, kMaxSteps))
         ->capture_default_str();
+    cmd->add_option("--lr_num_cycles", o.lr_num_cycles, "cosine_with_restarts: hard restarts")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--lr_power", o.lr_power, "polynomial: the decay's power")
+        ->capture_default_str();
     cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")
         ->capture_default_str();
     cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
+    cmd->add_option("--adam_beta1", o.adam_beta1)->capture_default_str();
+    cmd->add_option("--adam_beta2", o.adam_beta2)->capture_default_str();
+    cmd->add_option("--adam_epsilon", o.adam_epsilon)->capture_default_str();
+    cmd->add_option("--optimizer", c.optimizer, "AdamW (the only one built)")
+        ->check(CLI::IsMember({"AdamW", "adamw"}))
+        ->capture_default_str();
     cmd->add_option("--caption_dropout", o.caption_dropout,
                     "probability of training on the empty prompt")
         ->capture_default_str();
     cmd->add_option("--flow_shift", o.flow_shift, "the flow-matching schedule's shift")
         ->capture_default_str();
     cmd->add_option("--weighting_scheme", o.weighting_scheme,
-                    "timestep density: logit_normal or uniform")
+                    "timestep density and loss weighting, as upstream: none (uniform), "
+                    "logit_normal, mode, sigma_sqrt or cosmap")
+        ->check(CLI::IsMember({"none", "logit_normal", "mode", "sigma_sqrt", "cosmap", "uniform"}))
         ->capture_default_str();
-    cmd->add_option("--rank", o.rank, "LoRA rank; 0 trains every weight")
+    cmd->add_option("--logit_mean", o.logit_mean, "logit_normal: the mean")->capture_default_str();
+    cmd->add_option("--logit_std", o.logit_std, "logit_normal: the standard deviation")
+        ->capture_default_str();
+    cmd->add_option("--mode_scale", o.mode_scale, "mode: the scale")->capture_default_str();
+    cmd->add_option("--rank", o.rank,
+                    "LoRA rank: LoRA adapters are trained by default, as upstream; 0 (or "
+                    "--full_finetune) trains every weight of the transformer")
         ->check(integer_in(0, 65536))
         ->capture_default_str();
+    cmd->add_flag("--full_finetune", c.full_finetune,
+                  "train every weight of the transformer (the same as --rank 0)");
     cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")
         ->capture_default_str();
-    cmd->add_option("--lora_target_modules", o.lora_target_modules,
+    cmd->add_option("--lora_layers,--lora_target_modules", o.lora_target_modules,
                     "comma-separated Linear names to adapt")
         ->capture_default_str();
     cmd->add_option("--checkpointing_steps", o.checkpointing_steps,
@@ -163,6 +225,12 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, bool& checkpointing,
     cmd->add_option("--log_every", o.log_every, "log the loss every N steps")
         ->check(integer_in(1, kMaxSteps))
         ->capture_default_str();
+    cmd->add_flag("--cache_latents", c.cache_latents,
+                  "accepted for upstream's spelling: latents and caption embeddings are always "
+                  "cached (by prep)");
+    cmd->add_flag("--upcast_before_saving", c.upcast_before_saving,
+                  "accepted for upstream's spelling: trained weights are kept and saved in fp32 "
+                  "(mixed precision is autocast)");
 }
 
 std::string train_summary(const sf::pipelines::TrainReport& r) {
@@ -185,13 +253,9 @@ std::string train_summary(const sf::pipelines::TrainReport& r) {
     return out;
 }
 
-int run_train_command(TrainOptions o, bool checkpointing, int64_t every) {
-    o.gradient_checkpointing = checkpointing ? every : 0;
-    std::cout << train_summary(sf::pipelines::run_train(o));
-    return 0;
-}
-
-void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
+// Prep's data flags: what to read and how to cut it into samples. `sanaflow train` takes them too,
+// for the one-command form.
+void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--instance_data_dir", o.instance_data_dir,
                     "folder of images with same-stem .txt captions")
         ->check(CLI::ExistingDirectory);
@@ -207,27 +271,13 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
                     "reject images with a smaller side (0: resolution / 4)")
         ->check(integer_in(0, 1'000'000))
         ->capture_default_str();
-    cmd->add_option("--dataloader_num_workers", o.workers, "parallel decode workers")
-        ->check(integer_in(1, 256))
-        ->capture_default_str();
+    cmd->add_option_function<int>(
+           "--dataloader_num_workers", [&o](int n) { o.workers = std::max(1, n); },
+           "parallel decode workers; 0 (upstream's default) means one [2]")
+        ->check(integer_in(0, 256));
     cmd->add_option("--max_in_flight", o.max_in_flight,
                     "bound on decoded samples in memory (0: 4 x workers)")
         ->check(integer_in(0, 1'000'000));
-    cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
-                    "diffusers-layout model directory (vae/, text_encoder/, tokenizer/)")
-        ->check(CLI::ExistingDirectory);
-    cmd->add_option("--model", o.model,
-                    "built-in models when no weights are given (seeded random weights)")
-        ->check(CLI::IsMember({"tiny"}))
-        ->capture_default_str();
-    cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")
-        ->check(integer_in(0, kMaxSeed))
-        ->capture_default_str();
-    cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    cmd->add_option("--mixed_precision", o.mixed_precision,
-                    "dtype of the frozen encoders: no, fp16 or bf16")
-        ->check(CLI::IsMember({"no", "fp16", "bf16"}))
-        ->capture_default_str();
     cmd->add_option("--vae", o.vae_kind,
                     "dc-ae (Sana's image VAE) or wan (Wan2.1's video VAE: clips become windows of "
                     "video latents, images one-frame videos)")
@@ -277,6 +327,25 @@ void add_prep_flags(CLI::App* cmd, PrepOptions& o) {
         "keep the text encoder's weights in host memory, one layer at a time on the device");
 }
 
+// Prep's model flags; `sanaflow train` has its own of these names and hands them to prep.
+void add_prep_model_flags(CLI::App* cmd, PrepOptions& o) {
+    cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
+                    "diffusers-layout model directory (vae/, text_encoder/, tokenizer/)")
+        ->check(CLI::ExistingDirectory);
+    cmd->add_option("--model", o.model,
+                    "built-in models when no weights are given (seeded random weights)")
+        ->check(CLI::IsMember({"tiny"}))
+        ->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of the built-in models' weights")
+        ->check(integer_in(0, kMaxSeed))
+        ->capture_default_str();
+    cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--mixed_precision", o.mixed_precision,
+                    "dtype of the frozen encoders: no, fp16 or bf16")
+        ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+        ->capture_default_str();
+}
+
 #if defined(SANAFLOW_WITH_MEDIA)
 int run_prep_command(const PrepOptions& o) {
     auto report = sf::pipelines::run_prep(o);
@@ -292,10 +361,44 @@ int run_prep_command(const PrepOptions&) {
 }
 #endif
 
+// `sanaflow train`. With --instance_data_dir (or --manifest) it is the whole job: prep into
+// --cache_dir (OUTPUT_DIR/cache by default), then training from it, each phase loading only its
+// own models; with an up-to-date cache the prep part only reads and hashes the files.
+int run_train_command(TrainOptions o, const TrainCommand& c) {
+    o.gradient_checkpointing = c.checkpointing ? c.checkpointing_every : 0;
+    if (c.full_finetune) o.rank = 0;
+    if (c.cache_latents) {
+        sf::log_info("train: --cache_latents: latents are always cached (prep writes them once)");
+    }
+    const bool prep_first = !c.prep.instance_data_dir.empty() || !c.prep.manifest.empty();
+    if (prep_first) {
+        if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
+        PrepOptions p = c.prep;
+        p.cache_dir = o.cache_dir;
+        p.pretrained_model_name_or_path = o.pretrained_model_name_or_path;
+        p.model = o.model;
+        p.seed = o.seed;
+        p.device = o.device;
+        p.mixed_precision = o.mixed_precision;
+        std::cout << "== prep into " << p.cache_dir << "\n";
+        run_prep_command(p);
+        std::cout << "\n== train from " << o.cache_dir << "\n";
+    } else if (o.cache_dir.empty()) {
+        throw sf::Error::InvalidArgument(
+            "give --cache_dir (a cache made by sanaflow prep) or --instance_data_dir (prep into "
+            "OUTPUT_DIR/cache, then train)");
+    } else if (c.prep.offload) {
+        sf::log_info(
+            "train: --offload: training from a cache loads no encoder, so none is offloaded");
+    }
+    std::cout << train_summary(sf::pipelines::run_train(o));
+    return 0;
+}
+
 int run_inspect_command(const std::string& cache, bool verify) {
     auto result = sf::pipelines::inspect_cache(cache, verify);
     std::cout << result.text;
-    return result.ok ? 0 : 3;
+    return result.ok ? kExitOk : kExitCorrupt;
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)
@@ -322,6 +425,8 @@ void run_demo_video(const fs::path& root) {
     TrainOptions t;
     t.cache_dir = o.cache_dir;
     t.output_dir = (root / "video-train").string();
+    t.rank = 0;  // a full fine-tune without warmup
+    t.lr_warmup_steps = 0;
     t.max_train_steps = 20;
     t.train_batch_size = 2;
     t.learning_rate = 1e-3;
@@ -363,6 +468,7 @@ int run_demo_command(const std::string& out_dir, int num_images) {
     TrainOptions t;
     t.cache_dir = cache.string();
     t.output_dir = (root / "train").string();
+    t.rank = 0;  // a full fine-tune
     t.max_train_steps = 40;
     t.train_batch_size = 2;
     t.learning_rate = 1e-3;
@@ -391,6 +497,28 @@ int run_demo_command(const std::string&, int) {
 }
 #endif
 
+// `sanaflow --version`: this build and the LibTorch it was built with.
+std::string version_text() {
+    return fmt::format("sanaflow {} (LibTorch {}, {})", SANAFLOW_VERSION, TORCH_VERSION,
+                       sf::mem::cuda_available() ? "CUDA available" : "CPU");
+}
+
+// The leftovers of every command that ran: unknown flags, named with the nearest known flag.
+std::string unknown_flags(const CLI::App& app, const sf::tools::FlagOrigins& origins) {
+    std::vector<std::string> extras = app.remaining();
+    std::vector<std::string> known;
+    for (const CLI::App* cmd : app.get_subcommands()) {
+        for (const std::string& e : cmd->remaining()) extras.push_back(e);
+        for (const CLI::Option* opt : cmd->get_options()) {
+            for (const std::string& name : opt->get_lnames()) known.push_back(name);
+        }
+    }
+    for (const CLI::Option* opt : app.get_options()) {
+        for (const std::string& name : opt->get_lnames()) known.push_back(name);
+    }
+    return sf::tools::unknown_flags_message(extras, known, origins);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -406,12 +534,13 @@ int main(int argc, char** argv) {
         return std::string("sanaflow: ") + e.what() + " (see --help)\n";
     });
     bool quiet = false, verbose = false;
-    app.add_flag("-q,--quiet", quiet, "only warnings and errors");
+    app.add_flag("-q,--quiet", quiet, "print only errors and the final result");
     app.add_flag("-v,--verbose", verbose, "debug output");
 
     PrepOptions prep;
     auto* prep_cmd = app.add_subcommand("prep", "decode, bucket and cache a dataset");
-    add_prep_flags(prep_cmd, prep);
+    add_prep_data_flags(prep_cmd, prep);
+    add_prep_model_flags(prep_cmd, prep);
     prep_cmd->add_option("--cache_dir", prep.cache_dir, "cache directory (created if absent)")
         ->required();
 
@@ -425,12 +554,14 @@ int main(int argc, char** argv) {
     inspect_cmd->add_flag("--verify", verify, "decode every record and check its checksum");
 
     TrainOptions train;
-    bool checkpointing = false;
-    int64_t checkpointing_every = 1;
-    auto* train_cmd =
-        app.add_subcommand("train", "train the transformer (or LoRA adapters) from a prep cache");
-    add_train_flags(train_cmd, train, checkpointing, checkpointing_every);
+    TrainCommand train_extra;
+    auto* train_cmd = app.add_subcommand(
+        "train",
+        "train LoRA adapters (or, with --full_finetune, the transformer) from a prep cache, or "
+        "with --instance_data_dir prep the data first: the whole job in one command");
+    add_train_flags(train_cmd, train, train_extra);
     add_video_train_flags(train_cmd, train);
+    add_prep_data_flags(train_cmd, train_extra.prep);
     // `--config FILE` is expanded into flags before parsing (tools/yaml_config.h); declared here
     // for --help only.
     std::string config_file;
@@ -453,23 +584,42 @@ int main(int argc, char** argv) {
         ->check(integer_in(1, 100'000))
         ->capture_default_str();
 
+    // -q and -v after the subcommand too; unknown flags are collected (below), not the first one
+    // alone.
+    for (CLI::App* cmd : {prep_cmd, inspect_cmd, train_cmd, models_cmd, demo_cmd}) {
+        cmd->fallthrough();
+        cmd->allow_extras();
+    }
+    app.allow_extras();  // what a command passes up (it falls through) is named below too
+    app.set_version_flag("--version", version_text());
+
     try {
-        std::vector<std::string> args = sf::tools::expand_yaml_config(argc, argv);
+        sf::tools::ConfigOrigins origins;
+        std::vector<std::string> args = sf::tools::expand_yaml_config(argc, argv, &origins);
+        if (const auto refused = sf::tools::refused_flags(args, origins); !refused.empty()) {
+            for (const std::string& line : refused)
+                std::fprintf(stderr, "sanaflow: %s\n", line.c_str());
+            return kExitUsage;
+        }
         std::reverse(args.begin(), args.end());  // CLI11 consumes a vector from its back
         app.parse(std::move(args));
+        if (const std::string unknown = unknown_flags(app, origins); !unknown.empty()) {
+            std::fprintf(stderr, "sanaflow: %s (see --help)\n", unknown.c_str());
+            return kExitUsage;
+        }
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help and --version are not errors
     } catch (const sf::Error& e) {
         std::fprintf(stderr, "sanaflow: %s\n", e.what());
-        return 2;
+        return kExitUsage;
     }
-    if (quiet) sf::set_log_level(sf::LogLevel::kWarn);
+    if (quiet) sf::set_log_level(sf::LogLevel::kError);
     if (verbose) sf::set_log_level(sf::LogLevel::kDebug);
 
     try {
         if (*prep_cmd) return run_prep_command(prep);
         if (*inspect_cmd) return run_inspect_command(inspect_dir, verify);
-        if (*train_cmd) return run_train_command(train, checkpointing, checkpointing_every);
+        if (*train_cmd) return run_train_command(train, train_extra);
         if (*demo_cmd) return run_demo_command(demo_dir, demo_images);
         if (*models_cmd) {
             std::cout << sf::pipelines::models_table();
@@ -477,10 +627,10 @@ int main(int argc, char** argv) {
         }
     } catch (const sf::Error& e) {
         std::fprintf(stderr, "sanaflow: %s\n", e.what());
-        return 2;
+        return exit_code(e.code());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "sanaflow: error: %s\n", e.what());
-        return 1;
+        return kExitError;
     }
-    return 0;
+    return kExitOk;
 }

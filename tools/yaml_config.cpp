@@ -1,8 +1,8 @@
 #include "tools/yaml_config.h"
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <set>
 
 #include "core/error.h"
@@ -10,63 +10,85 @@
 namespace sf::tools {
 namespace {
 
-std::string trim(const std::string& s) {
-    const size_t a = s.find_first_not_of(" \t\r");
-    if (a == std::string::npos) return {};
-    return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
+// Sections within sections, at most: a config of flags needs one or two.
+constexpr int kMaxSectionDepth = 8;
+
+struct Entry {
+    std::string key, value;
+    int line = 0;  // 1-based
+};
+
+[[noreturn]] void fail(const std::string& path, const YAML::Mark& mark, const std::string& what) {
+    throw Error::InvalidArgument(fmt::format("--config {} line {}: {}", path, mark.line + 1, what));
 }
 
-// Drops a '#' comment that is outside quotes and starts a word.
-std::string strip_comment(const std::string& s) {
-    char quote = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (quote != 0) {
-            if (s[i] == quote) quote = 0;
-        } else if (s[i] == '"' || s[i] == '\'') {
-            quote = s[i];
-        } else if (s[i] == '#' && (i == 0 || s[i - 1] == ' ' || s[i - 1] == '\t')) {
-            return s.substr(0, i);
+// A scalar or a list of scalars as a flag's value ("a,b,c").
+std::string flag_value(const std::string& path, const std::string& key, const YAML::Node& node) {
+    if (node.IsScalar()) return node.Scalar();
+    std::string joined;
+    for (const YAML::Node& item : node) {
+        if (!item.IsScalar()) {
+            fail(path, item.Mark(),
+                 fmt::format("\"{}\": a list of single values is read, not of lists or mappings",
+                             key));
         }
+        joined += (joined.empty() ? "" : ",") + item.Scalar();
     }
-    return s;
+    return joined;
 }
 
-std::vector<std::pair<std::string, std::string>> read_flat_yaml(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw Error::NotFound(fmt::format("--config {}: cannot open the file", path));
-    std::vector<std::pair<std::string, std::string>> out;
-    std::string line;
-    for (int number = 1; std::getline(in, line); ++number) {
-        line = strip_comment(line);
-        const std::string text = trim(line);
-        if (text.empty() || text == "---") continue;
-        const size_t colon = text.find(':');
-        if (colon == std::string::npos || line.find_first_not_of(" \t") != 0) {
-            throw Error::InvalidArgument(
-                fmt::format("--config {} line {}: expected 'key: value' at the start of the line",
-                            path, number));
-        }
-        std::string key = trim(text.substr(0, colon));
-        std::string value = trim(text.substr(colon + 1));
-        if (value.empty() || value.front() == '[' || value.front() == '{') {
-            throw Error::InvalidArgument(
-                fmt::format("--config {} line {} ({}): only single values are read, no nested "
-                            "mappings or lists",
-                            path, number, key));
-        }
-        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
-            value.back() == value.front()) {
-            value = value.substr(1, value.size() - 2);
-        }
+void collect(const std::string& path, const YAML::Node& map, int depth, std::vector<Entry>& out) {
+    if (depth > kMaxSectionDepth) {
+        fail(path, map.Mark(), fmt::format("sections nested deeper than {}", kMaxSectionDepth));
+    }
+    for (const auto& kv : map) {
+        if (!kv.first.IsScalar()) fail(path, kv.first.Mark(), "a key must be a name");
+        std::string key = kv.first.Scalar();
         if (key.rfind("--", 0) == 0) key.erase(0, 2);
-        out.emplace_back(key, value);
+        const YAML::Node& value = kv.second;
+        if (value.IsNull()) continue;  // the flag's default
+        if (value.IsMap()) {
+            collect(path, value, depth + 1, out);
+            continue;
+        }
+        out.push_back({key, flag_value(path, key, value), kv.first.Mark().line + 1});
+    }
+}
+
+std::vector<Entry> read_yaml(const std::string& path) {
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        throw Error::NotFound(fmt::format("--config {}: cannot open the file", path));
+    } catch (const YAML::Exception& e) {
+        fail(path, e.mark, fmt::format("not valid YAML: {}", e.msg));
+    }
+    std::vector<Entry> out;
+    if (root.IsNull()) return out;
+    if (!root.IsMap())
+        fail(path, root.Mark(), "expected a mapping of flags, 'key: value' per line");
+    try {
+        collect(path, root, 0, out);
+    } catch (const YAML::Exception& e) {
+        fail(path, e.mark, e.msg);
+    }
+    std::map<std::string, int> seen;
+    for (const Entry& e : out) {
+        const auto [it, fresh] = seen.emplace(e.key, e.line);
+        if (!fresh) {
+            throw Error::InvalidArgument(
+                fmt::format("--config {} line {}: \"{}\" is set twice (first on line {})", path,
+                            e.line, e.key, it->second));
+        }
     }
     return out;
 }
 
 }  // namespace
 
-std::vector<std::string> expand_yaml_config(int argc, const char* const* argv) {
+std::vector<std::string> expand_yaml_config(int argc, const char* const* argv,
+                                            ConfigOrigins* origins) {
     std::vector<std::string> args(argv + 1, argv + argc);
     std::set<std::string> typed;  // flags given on the command line
     for (const auto& a : args) {
@@ -86,8 +108,11 @@ std::vector<std::string> expand_yaml_config(int argc, const char* const* argv) {
             out.push_back(args[i]);
             continue;
         }
-        for (const auto& [key, value] : read_flat_yaml(path)) {
-            if (!typed.count(key)) out.push_back(fmt::format("--{}={}", key, value));
+        for (const Entry& e : read_yaml(path)) {
+            if (typed.count(e.key)) continue;
+            out.push_back(fmt::format("--{}={}", e.key, e.value));
+            if (origins != nullptr)
+                (*origins)["--" + e.key] = fmt::format("{} line {}", path, e.line);
         }
     }
     return out;

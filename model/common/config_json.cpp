@@ -19,15 +19,17 @@ namespace {
 
 using nlohmann::json;
 
-bool is_int64(const json& v) {
+bool is_config_integer(const json& v) {
     // Integers above 2^63 - 1 parse as unsigned, and get<int64_t>() would wrap them negative.
-    return v.is_number_integer() &&
-           !(v.is_number_unsigned() &&
-             v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    if (!v.is_number_integer()) return false;
+    if (v.is_number_unsigned())
+        return v.get<uint64_t>() <= static_cast<uint64_t>(kMaxConfigInteger);
+    const int64_t i = v.get<int64_t>();
+    return i >= -kMaxConfigInteger && i <= kMaxConfigInteger;
 }
 
-bool is_int64_list(const json& v) {
-    return v.is_array() && std::all_of(v.begin(), v.end(), is_int64);
+bool is_config_integer_list(const json& v) {
+    return v.is_array() && std::all_of(v.begin(), v.end(), is_config_integer);
 }
 
 void require_object(const json& j, const std::string& where) {
@@ -101,8 +103,10 @@ void ConfigReader::fail(const char* key, const char* want, const json& got) cons
 void ConfigReader::integer(const char* key, int64_t& out) const {
     const json* v = find(key);
     if (v == nullptr) return;
-    if (!is_int64(*v))
-        fail(key, v->is_number_unsigned() ? "an integer below 2^63" : "an integer", *v);
+    if (!is_config_integer(*v))
+        fail(key,
+             v->is_number_integer() ? "an integer of magnitude at most 2^31 - 1" : "an integer",
+             *v);
     out = v->get<int64_t>();
 }
 
@@ -134,7 +138,12 @@ void ConfigReader::nullable_integer(const char* key, std::optional<int64_t>& out
         out.reset();
         return;
     }
-    if (!is_int64(*v)) fail(key, "an integer or null", *v);
+    if (!is_config_integer(*v)) {
+        fail(key,
+             v->is_number_integer() ? "an integer of magnitude at most 2^31 - 1 or null"
+                                    : "an integer or null",
+             *v);
+    }
     out = v->get<int64_t>();
 }
 
@@ -163,14 +172,14 @@ void ConfigReader::nullable_string(const char* key, std::optional<std::string>& 
 void ConfigReader::integer_list(const char* key, std::vector<int64_t>& out) const {
     const json* v = find(key);
     if (v == nullptr) return;
-    if (!is_int64_list(*v)) fail(key, "a list of integers", *v);
+    if (!is_config_integer_list(*v)) fail(key, "a list of integers", *v);
     out = v->get<std::vector<int64_t>>();
 }
 
 void ConfigReader::integer_lists(const char* key, std::vector<std::vector<int64_t>>& out) const {
     const json* v = find(key);
     if (v == nullptr) return;
-    if (!v->is_array() || !std::all_of(v->begin(), v->end(), is_int64_list)) {
+    if (!v->is_array() || !std::all_of(v->begin(), v->end(), is_config_integer_list)) {
         fail(key, "a list of lists of integers", *v);
     }
     out = v->get<std::vector<std::vector<int64_t>>>();

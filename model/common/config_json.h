@@ -21,6 +21,10 @@ namespace sf::model {
 // Nesting limit and message excerpts: storage/json_text.h's, shared by every JSON reader.
 constexpr int kMaxConfigJsonDepth = storage::kMaxJsonDepth;
 constexpr size_t kConfigValueExcerpt = storage::kJsonExcerpt;
+// Every integer a config holds is a size, a count or an id: one larger in magnitude than this is
+// refused as it is read, so products of two never overflow int64 (and the parameter counts check
+// the rest: model/common/checked_count.h).
+constexpr int64_t kMaxConfigInteger = (int64_t{1} << 31) - 1;
 using storage::json_excerpt;
 
 // Parses config text that must be a JSON object. kInvalidArgument naming `where`: "not valid
@@ -39,7 +43,7 @@ ConfigFile read_config_file(const std::string& path, const std::string& what);
 
 // Typed reads of one JSON object's keys. A missing key leaves the output as it is (so it keeps
 // the caller's default, as upstream's constructor defaults do); unknown keys are never looked at;
-// a key of the wrong type is kInvalidArgument:
+// a key of the wrong type, or an integer beyond +-kMaxConfigInteger, is kInvalidArgument:
 //
 //     <where>: "<key>" must be <an integer|a number|...>, got <the value, cut short>
 class ConfigReader {

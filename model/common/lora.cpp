@@ -46,6 +46,9 @@ namespace nn = torch::nn;
 // diffusers' transformer_name + "." and LORA_ADAPTER_METADATA_KEY.
 constexpr const char* kPrefix = "transformer.";
 constexpr const char* kMetadataKey = "lora_adapter_metadata";
+// save_lora(bake_scale): the alpha the adapters were trained with, before alpha / rank went into
+// lora_B.
+constexpr const char* kTrainedAlphaKey = "sanaflow.trained_lora_alpha";
 
 struct Adapter {
     // Weak: the table must not keep a dead model's layers alive. `layer` expiring also tells a
@@ -293,24 +296,35 @@ std::vector<std::pair<std::string, at::Tensor>> lora_state_dict(const nn::Module
 }
 
 void save_lora(const nn::Module& root, const std::string& path,
-               const std::map<std::string, std::string>& metadata) {
+               const std::map<std::string, std::string>& metadata, bool bake_scale) {
     const auto adapters = adapters_of(root);
     if (adapters.empty()) {
         throw Error::InvalidArgument(fmt::format(
             "save_lora {}: the model has no LoRA adapters (call add_lora first)", path));
     }
     std::map<std::string, std::string> meta = metadata;
-    for (const char* reserved : {"format", kMetadataKey}) {
+    for (const char* reserved : {"format", kMetadataKey, kTrainedAlphaKey}) {
         if (meta.count(reserved)) {
             throw Error::InvalidArgument(
                 fmt::format("save_lora {}: metadata key \"{}\" is written by save_lora itself",
                             path, reserved));
         }
     }
+    LoRAConfig written = *adapters.front().second.config;
+    auto tensors = lora_state_dict(root, kPrefix);
+    if (bake_scale && written.alpha != static_cast<double>(written.rank)) {
+        const double scale = written.alpha / static_cast<double>(written.rank);
+        torch::NoGradGuard no_grad;
+        for (auto& [name, t] : tensors) {
+            if (name.size() > 14 && name.compare(name.size() - 14, 14, ".lora_B.weight") == 0)
+                t = t.mul(scale);
+        }
+        meta[kTrainedAlphaKey] = fmt::format("{}", written.alpha);
+        written.alpha = static_cast<double>(written.rank);
+    }
     meta["format"] = "pt";
-    meta[kMetadataKey] = adapter_metadata(*adapters.front().second.config).dump(2);
-
-    storage::write_tensors_file(path, lora_state_dict(root, kPrefix), meta);
+    meta[kMetadataKey] = adapter_metadata(written).dump(2);
+    storage::write_tensors_file(path, tensors, meta);
 }
 
 void load_lora(nn::Module& root, const std::string& path) {

@@ -78,9 +78,15 @@ std::vector<std::pair<std::string, at::Tensor>> lora_state_dict(
 // included), moved to the CPU. The file's metadata holds "format": "pt" and diffusers'
 // "lora_adapter_metadata" (rank, alpha, dropout, targets as peft LoraConfig fields prefixed with
 // "transformer."), so diffusers scales the update by alpha / rank as here, plus `metadata`.
-// kInvalidArgument when `root` has no adapters or `metadata` uses one of those two keys.
+// kInvalidArgument when `root` has no adapters or `metadata` uses one of those keys.
+//
+// bake_scale: lora_B is written multiplied by alpha / rank and the metadata says alpha = rank
+// (the trained alpha kept as "sanaflow.trained_lora_alpha"), so every loader applies the same
+// update W + B A: diffusers v0.33.1 ignores lora_adapter_metadata and would otherwise scale by 1.
+// Such a file loads back (load_lora) into adapters with alpha = rank. Training's final file is
+// written this way.
 void save_lora(const torch::nn::Module& root, const std::string& path,
-               const std::map<std::string, std::string>& metadata = {});
+               const std::map<std::string, std::string>& metadata = {}, bool bake_scale = false);
 
 // Loads adapter weights into a model that add_lora has already adapted. `path`: a safetensors
 // file or a directory holding one (diffusers' output_dir). Keys with the "transformer." prefix

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/common/checked_count.h"
 #include "model/common/config_json.h"
 
 namespace sf::model {
@@ -378,41 +379,41 @@ bool operator==(const AutoencoderDCConfig& a, const AutoencoderDCConfig& b) {
 // ---- parameter counts, block by block as the modules register them ----
 namespace {
 
-int64_t conv(int64_t in, int64_t out, int64_t k, bool bias = true, int64_t groups = 1) {
-    return out * (in / groups) * k * k + (bias ? out : 0);
+Count conv(Count in, Count out, Count k, bool bias = true, Count groups = 1) {
+    return out * (in / groups) * k * k + (bias ? out : Count(0));
 }
 
 // RMSNorm (weight and bias) and BatchNorm2d (affine weight and bias) both hold 2 C parameters.
-int64_t norm(int64_t c) { return 2 * c; }
+Count norm(Count c) { return 2 * c; }
 
-int64_t res_block(int64_t c) { return conv(c, c, 3) + conv(c, c, 3, /*bias=*/false) + norm(c); }
+Count res_block(Count c) { return conv(c, c, 3) + conv(c, c, 3, /*bias=*/false) + norm(c); }
 
-int64_t efficient_vit_block(int64_t c, int64_t head_dim, const std::vector<int64_t>& scales) {
-    const int64_t heads = c / head_dim;  // int(in_channels // attention_head_dim * 1.0)
-    const int64_t inner = heads * head_dim;
-    int64_t n = 3 * c * inner;  // to_q, to_k, to_v, no bias
-    for (int64_t k : scales) {
+Count efficient_vit_block(Count c, Count head_dim, const std::vector<int64_t>& scales) {
+    const Count heads = c / head_dim;  // int(in_channels // attention_head_dim * 1.0)
+    const Count inner = heads * head_dim;
+    Count n = 3 * c * inner;  // to_q, to_k, to_v, no bias
+    for (const int64_t k : scales) {
         n += conv(3 * inner, 3 * inner, k, false, 3 * inner);  // proj_in, depthwise
         n += conv(3 * inner, 3 * inner, 1, false, 3 * heads);  // proj_out, grouped per head
     }
     n += inner * (1 + static_cast<int64_t>(scales.size())) * c;  // to_out, no bias
     n += norm(c);                                                // norm_out
-    const int64_t hidden = 4 * c;                                // GLUMBConv expand_ratio 4
+    const Count hidden = 4 * c;                                  // GLUMBConv expand_ratio 4
     n += conv(c, 2 * hidden, 1) + conv(2 * hidden, 2 * hidden, 3, true, 2 * hidden) +
          conv(hidden, c, 1, false) + norm(c);
     return n;
 }
 
-int64_t stage_blocks(const std::string& type, int64_t c, int64_t layers, int64_t head_dim,
-                     const std::vector<int64_t>& scales) {
+Count stage_blocks(const std::string& type, Count c, Count layers, Count head_dim,
+                   const std::vector<int64_t>& scales) {
     return layers * (type == "ResBlock" ? res_block(c) : efficient_vit_block(c, head_dim, scales));
 }
 
-int64_t down_block(int64_t in, int64_t out, bool unshuffle) {
+Count down_block(Count in, Count out, bool unshuffle) {
     return conv(in, unshuffle ? out / 4 : out, 3);
 }
 
-int64_t up_block(int64_t in, int64_t out, bool interpolate) {
+Count up_block(Count in, Count out, bool interpolate) {
     return conv(in, interpolate ? out : 4 * out, 3);
 }
 
@@ -420,7 +421,7 @@ int64_t up_block(int64_t in, int64_t out, bool interpolate) {
 
 int64_t dc_ae_parameter_count(const AutoencoderDCConfig& c, bool with_decoder) {
     c.validate();
-    int64_t n = 0;
+    Count n = 0;
     const auto& ec = c.encoder_block_out_channels;
     const auto& el = c.encoder_layers_per_block;
     const bool unshuffle = c.downsample_is_pixel_unshuffle();
@@ -431,7 +432,7 @@ int64_t dc_ae_parameter_count(const AutoencoderDCConfig& c, bool with_decoder) {
         if (i + 1 < ec.size() && el[i] > 0) n += down_block(ec[i], ec[i + 1], unshuffle);
     }
     n += conv(ec.back(), c.latent_channels, 3);
-    if (!with_decoder) return n;
+    if (!with_decoder) return n.value();
 
     const auto& dc = c.decoder_block_out_channels;
     const auto& dl = c.decoder_layers_per_block;
@@ -442,11 +443,11 @@ int64_t dc_ae_parameter_count(const AutoencoderDCConfig& c, bool with_decoder) {
         n += stage_blocks(c.decoder_block_types[i], dc[i], dl[i], c.attention_head_dim,
                           c.decoder_qkv_multiscales[i]);
     }
-    const int64_t channels = dl[0] > 0 ? dc[0] : dc[1];
+    const Count channels = dl[0] > 0 ? dc[0] : dc[1];
     n += norm(channels);
     n += dl[0] > 0 ? conv(channels, c.in_channels, 3)
                    : up_block(channels, c.in_channels, interpolate);
-    return n;
+    return n.value();
 }
 
 }  // namespace sf::model

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "model/common/checked_count.h"
 #include "model/common/config_json.h"
 
 namespace sf::model {
@@ -92,6 +93,7 @@ void Gemma2Config::validate(const std::string& source) const {
             }
         }
     }
+    require_countable(source, [this] { return gemma2_parameter_count(*this); });
 }
 
 Gemma2Config Gemma2Config::from_json(const json& j, const std::string& source) {
@@ -176,14 +178,14 @@ Gemma2Config Gemma2Config::named(const std::string& name) {
 }
 
 int64_t gemma2_parameter_count(const Gemma2Config& c) {
-    const int64_t h = c.hidden_size;
-    const int64_t q = c.num_attention_heads * c.head_dim;
-    const int64_t kv = c.num_key_value_heads * c.head_dim;
-    int64_t attention = h * q + 2 * h * kv + q * h;
+    const Count h = c.hidden_size;
+    const Count q = Count(c.num_attention_heads) * c.head_dim;
+    const Count kv = Count(c.num_key_value_heads) * c.head_dim;
+    Count attention = h * q + 2 * h * kv + q * h;
     if (c.attention_bias) attention += q + 2 * kv + h;
-    const int64_t mlp = 3 * h * c.intermediate_size;
-    const int64_t norms = 4 * h;
-    return c.vocab_size * h + c.num_hidden_layers * (attention + mlp + norms) + h;
+    const Count mlp = 3 * h * c.intermediate_size;
+    const Count norms = 4 * h;
+    return (c.vocab_size * h + c.num_hidden_layers * (attention + mlp + norms) + h).value();
 }
 
 }  // namespace sf::model

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/common/checked_count.h"
 #include "model/common/config_json.h"
 
 namespace sf::model {
@@ -85,8 +86,13 @@ void SanaTransformerConfig::validate(const std::string& where) const {
                         inner_dim(), cross_attention_dim));
     require(caption_channels > 0, "caption_channels",
             fmt::format("must be positive, is {}", caption_channels));
-    require(std::isfinite(mlp_ratio) && ff_hidden_dim() > 0, "mlp_ratio",
-            fmt::format("must give a positive feed-forward width, is {}", mlp_ratio));
+    // Bounded before ff_hidden_dim() casts it (a cast out of int64's range is undefined).
+    require(std::isfinite(mlp_ratio) && mlp_ratio > 0.0 &&
+                mlp_ratio * static_cast<double>(inner_dim()) <= kMaxConfigInteger &&
+                ff_hidden_dim() > 0,
+            "mlp_ratio",
+            fmt::format("must give a positive feed-forward width of at most {}, is {}",
+                        kMaxConfigInteger, mlp_ratio));
     require(dropout >= 0.0 && dropout < 1.0, "dropout",
             fmt::format("must be in [0, 1), is {}", dropout));
     require(sample_size > 0, "sample_size", fmt::format("must be positive, is {}", sample_size));
@@ -112,6 +118,7 @@ void SanaTransformerConfig::validate(const std::string& where) const {
             fmt::format("is \"{}\" (a Sana-1.5 / Sprint checkpoint): only null is implemented",
                         qk_norm.value_or("")));
     require(std::isfinite(timestep_scale), "timestep_scale", "must be finite");
+    require_countable(where, [this] { return sana_parameter_count(*this); });
 }
 
 SanaTransformerConfig SanaTransformerConfig::from_json(const std::string& text,
@@ -200,19 +207,19 @@ SanaTransformerConfig SanaTransformerConfig::named(const std::string& name) {
 }
 
 int64_t sana_parameter_count(const SanaTransformerConfig& c) {
-    const int64_t d = c.inner_dim();
-    const int64_t dc = c.cross_inner_dim();
-    const int64_t h = c.ff_hidden_dim();
-    const int64_t p2 = c.patch_size * c.patch_size;
-    auto linear = [](int64_t in, int64_t out, bool bias) { return in * out + (bias ? out : 0); };
+    const Count d = c.inner_dim();
+    const Count dc = c.cross_inner_dim();
+    const Count h = c.ff_hidden_dim();
+    const Count p2 = c.patch_size * c.patch_size;
+    auto linear = [](Count in, Count out, bool bias) { return in * out + (bias ? out : Count(0)); };
 
-    int64_t n = c.in_channels * d * p2 + d;          // patch_embed.proj (conv with bias)
+    Count n = c.in_channels * d * p2 + d;            // patch_embed.proj (conv with bias)
     n += linear(256, d, true) + linear(d, d, true);  // time_embed.emb.timestep_embedder
     n += linear(d, 6 * d, true);                     // time_embed.linear
     n += linear(c.caption_channels, d, true) + linear(d, d, true);  // caption_projection
     n += d;                                                         // caption_norm.weight
 
-    int64_t block = 6 * d;                                             // scale_shift_table
+    Count block = 6 * d;                                               // scale_shift_table
     block += 3 * linear(d, d, c.attention_bias) + linear(d, d, true);  // attn1
     block += linear(d, dc, true) + 2 * linear(c.cross_attention_dim, dc, true) +
              linear(dc, d, true);                   // attn2
@@ -224,7 +231,7 @@ int64_t sana_parameter_count(const SanaTransformerConfig& c) {
 
     n += 2 * d;                                 // scale_shift_table
     n += linear(d, p2 * c.out_channels, true);  // proj_out
-    return n;
+    return n.value();
 }
 
 }  // namespace sf::model

@@ -7,10 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/common/checked_count.h"
 #include "model/common/config_json.h"
 
 namespace sf::model {
 namespace {
+
+// Patches of at most this many latent pixels per axis (upstream: 1 or 2), so patch_volume() fits.
+constexpr int64_t kMaxPatch = 1024;
 
 using nlohmann::json;
 
@@ -87,7 +91,10 @@ void SanaVideoTransformerConfig::validate(const std::string& where) const {
     positive(caption_channels, "caption_channels");
     positive(sample_size, "sample_size");
     positive(rope_max_seq_len, "rope_max_seq_len");
-    for (const int64_t p : patch_size) positive(p, "patch_size");
+    for (const int64_t p : patch_size) {
+        require(p > 0 && p <= kMaxPatch, "patch_size",
+                fmt::format("must list sizes in [1, {}], has {}", kMaxPatch, p));
+    }
     // The rotary tables rotate channel pairs: every split of the head must be even-sized
     // (get_1d_rotary_pos_embed asserts dim % 2 == 0 for the time, height and width tables).
     const int64_t hw_dim = 2 * (attention_head_dim / 6);
@@ -98,8 +105,13 @@ void SanaVideoTransformerConfig::validate(const std::string& where) const {
             fmt::format("must equal num_attention_heads * attention_head_dim = {} (the captions "
                         "are projected to the model width), is {}",
                         inner_dim(), cross_attention_dim));
-    require(std::isfinite(mlp_ratio) && ff_hidden_dim() > 0, "mlp_ratio",
-            fmt::format("must give a positive feed-forward width, is {}", mlp_ratio));
+    // Bounded before ff_hidden_dim() casts it (a cast out of int64's range is undefined).
+    require(std::isfinite(mlp_ratio) && mlp_ratio > 0.0 &&
+                mlp_ratio * static_cast<double>(inner_dim()) <= kMaxConfigInteger &&
+                ff_hidden_dim() > 0,
+            "mlp_ratio",
+            fmt::format("must give a positive feed-forward width of at most {}, is {}",
+                        kMaxConfigInteger, mlp_ratio));
     require(dropout >= 0.0 && dropout < 1.0, "dropout",
             fmt::format("must be in [0, 1), is {}", dropout));
     require(norm_eps > 0.0, "norm_eps", fmt::format("must be positive, is {}", norm_eps));
@@ -107,6 +119,7 @@ void SanaVideoTransformerConfig::validate(const std::string& where) const {
             fmt::format("is \"{}\": only \"{}\" and null are SANA-Video's", qk_norm.value_or(""),
                         kQkNormAcrossHeads));
     require(std::isfinite(guidance_embeds_scale), "guidance_embeds_scale", "must be finite");
+    require_countable(where, [this] { return sana_video_parameter_count(*this); });
 }
 
 SanaVideoTransformerConfig SanaVideoTransformerConfig::from_json(const std::string& text,
@@ -194,21 +207,21 @@ SanaVideoTransformerConfig SanaVideoTransformerConfig::named(const std::string& 
 }
 
 int64_t sana_video_parameter_count(const SanaVideoTransformerConfig& c) {
-    const int64_t d = c.inner_dim();
-    const int64_t dc = c.cross_inner_dim();
-    const int64_t h = c.ff_hidden_dim();
+    const Count d = c.inner_dim();
+    const Count dc = c.cross_inner_dim();
+    const Count h = c.ff_hidden_dim();
     const bool qk = c.qk_norm.has_value();
-    auto linear = [](int64_t in, int64_t out, bool bias) { return in * out + (bias ? out : 0); };
-    const int64_t timestep_embedder = linear(256, d, true) + linear(d, d, true);
+    auto linear = [](Count in, Count out, bool bias) { return in * out + (bias ? out : Count(0)); };
+    const Count timestep_embedder = linear(256, d, true) + linear(d, d, true);
 
-    int64_t n = c.in_channels * d * c.patch_volume() + d;  // patch_embedding (conv with bias)
-    n += timestep_embedder;                                // time_embed.(emb.)timestep_embedder
-    if (c.guidance_embeds) n += timestep_embedder;         // time_embed.guidance_embedder
-    n += linear(d, 6 * d, true);                           // time_embed.linear
+    Count n = c.in_channels * d * c.patch_volume() + d;  // patch_embedding (conv with bias)
+    n += timestep_embedder;                              // time_embed.(emb.)timestep_embedder
+    if (c.guidance_embeds) n += timestep_embedder;       // time_embed.guidance_embedder
+    n += linear(d, 6 * d, true);                         // time_embed.linear
     n += linear(c.caption_channels, d, true) + linear(d, d, true);  // caption_projection
     n += d;                                                         // caption_norm.weight
 
-    int64_t block = 6 * d;                                             // scale_shift_table
+    Count block = 6 * d;                                               // scale_shift_table
     block += 3 * linear(d, d, c.attention_bias) + linear(d, d, true);  // attn1
     if (qk) block += 2 * d;                                            // attn1.norm_q, norm_k
     block += linear(d, dc, true) + 2 * linear(c.cross_attention_dim, dc, true) +
@@ -223,7 +236,7 @@ int64_t sana_video_parameter_count(const SanaVideoTransformerConfig& c) {
 
     n += 2 * d;                                               // scale_shift_table
     n += linear(d, c.patch_volume() * c.out_channels, true);  // proj_out
-    return n;
+    return n.value();
 }
 
 }  // namespace sf::model

@@ -175,7 +175,7 @@ std::set<std::string> run_image_phase(const PrepStages& stages, storage::Cache& 
                   }
               })
         .on_reject([&](const graph::RejectInfo& r) {
-            add_reject(samples_writer, r);
+            add_reject(samples_writer, r, report);
             rejected_keys.insert(todo[static_cast<size_t>(r.index)]->sample_key);
         });
 

@@ -28,7 +28,7 @@ bool is_clip_file(const std::string& path) {
 
 IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                             const std::vector<stages::Sample>& samples, const PrepOptions& o,
-                            storage::CacheWriter& samples_writer) {
+                            storage::CacheWriter& samples_writer, PrepReport& report) {
     namespace schema = storage::schema;
     IndexResult result;
     std::vector<PlannedSample>& plan = result.plan;
@@ -99,7 +99,7 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                   })
         .sink("plan", [](std::any&&) {})
         .on_reject([&](const graph::RejectInfo& r) {
-            add_reject(samples_writer, r);
+            add_reject(samples_writer, r, report);
             plan[static_cast<size_t>(r.index)].sample.path.clear();  // dropped from later phases
             ++result.rejected;
         });

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 
@@ -48,12 +50,13 @@ graph::RunStats run_and_commit(graph::LinearPipeline& pipeline,
     return stats;
 }
 
-void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r) {
+void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r, PrepReport& report) {
     // Stages prefix reasons with the file name; the reject list keys by it.
     const std::string source = r.label.empty() ? fmt::format("item {}", r.index) : r.label;
     std::string reason = r.reason;
     if (reason.rfind(source + ": ", 0) == 0) reason.erase(0, source.size() + 2);
     writer.add_reject(source, r.stage, reason);
+    report.add_reject(r.stage, source, reason);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -227,6 +230,58 @@ std::string PrepReport::table() const {
         scanned, cached, written, latents_written, texts_written, rejected, seconds,
         models_loaded.empty() ? std::string("none")
                               : fmt::format("{}", fmt::join(models_loaded, ", ")));
+    if (!reject_groups.empty()) out += "rejects by reason:\n" + reject_summary();
+    return out;
+}
+
+namespace {
+
+// A reason with its numbers blanked, so that "800x600 is smaller than 1024" and "640x480 is
+// smaller than 1024" count as one reason.
+std::string reason_pattern(const std::string& reason) {
+    std::string out;
+    for (size_t i = 0; i < reason.size(); ++i) {
+        if (std::isdigit(static_cast<unsigned char>(reason[i]))) {
+            if (out.empty() || out.back() != '#') out += '#';
+            while (
+                i + 1 < reason.size() &&
+                (std::isdigit(static_cast<unsigned char>(reason[i + 1])) || reason[i + 1] == '.'))
+                ++i;
+        } else {
+            out += reason[i];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+void PrepReport::add_reject(const std::string& stage, const std::string& source,
+                            const std::string& reason) {
+    const std::string pattern = reason_pattern(reason);
+    for (RejectGroup& g : reject_groups) {
+        if (g.stage == stage && g.pattern == pattern) {
+            ++g.count;
+            return;
+        }
+    }
+    reject_groups.push_back({stage, pattern, source, reason, 1});
+}
+
+std::string PrepReport::reject_summary(size_t max_groups) const {
+    std::vector<const RejectGroup*> groups;
+    for (const RejectGroup& g : reject_groups) groups.push_back(&g);
+    std::stable_sort(groups.begin(), groups.end(), [](const RejectGroup* a, const RejectGroup* b) {
+        return a->count > b->count;
+    });
+    std::string out;
+    for (size_t i = 0; i < groups.size() && i < max_groups; ++i) {
+        out +=
+            fmt::format("  {} x [{}] {} (e.g. {}: {})\n", groups[i]->count, groups[i]->stage,
+                        groups[i]->pattern, groups[i]->example_source, groups[i]->example_reason);
+    }
+    if (groups.size() > max_groups)
+        out += fmt::format("  ... and {} other reasons\n", groups.size() - max_groups);
     return out;
 }
 
@@ -257,11 +312,14 @@ PrepReport run_prep(const PrepOptions& o) {
     check_fingerprints(cache, stages, o);
     storage::CacheWriter samples_writer(cache, schema::kSamplesDb,
                                         static_cast<size_t>(o.commit_batch));
-    for (const auto& [source, reason] : scan.rejects)
+    for (const auto& [source, reason] : scan.rejects) {
         samples_writer.add_reject(source, "scan", reason);
+        report.add_reject("scan", source, reason);
+    }
 
     const auto index_t0 = std::chrono::steady_clock::now();
-    const IndexResult index = run_index_phase(stages, cache, scan.samples, o, samples_writer);
+    const IndexResult index =
+        run_index_phase(stages, cache, scan.samples, o, samples_writer, report);
     std::vector<const PlannedSample*> todo, clips;
     for (const auto& p : index.plan) {
         if (p.sample.path.empty()) continue;
@@ -286,13 +344,12 @@ PrepReport run_prep(const PrepOptions& o) {
     }
     if (write_manifest(cache, index.plan, rejected_keys, video) == 0) {
         samples_writer.flush();  // the rejects, with their reasons
-        std::string why = scan.rejects.empty()
-                              ? std::string("no image or video files found")
-                              : fmt::format("e.g. {}: {}", scan.rejects.front().first,
-                                            scan.rejects.front().second);
+        const std::string why = report.reject_groups.empty()
+                                    ? std::string("; no image or video files found): ")
+                                    : "):\n" + report.reject_summary();
         throw Error::InvalidArgument(fmt::format(
-            "prep: no usable sample in {} ({} found, {} rejected; {}): the cache's training list "
-            "is left as it was; `sanaflow inspect {}` lists the rejects",
+            "prep: no usable sample in {} ({} found, {} rejected{}the cache's training list is "
+            "left as it was; `sanaflow inspect {}` lists every reject",
             o.instance_data_dir.empty() ? o.manifest : o.instance_data_dir, report.scanned,
             report.rejected, why, o.cache_dir));
     }

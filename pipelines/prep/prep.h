@@ -33,7 +33,7 @@ struct PrepOptions {
     uint64_t seed = 0;           // the built-in models' random weights
     std::string device = "auto";
     std::string mixed_precision = "no";  // dtype of the frozen encoders
-    int resolution = 1024;               // bucket table: 512, 1024, 2048 or 4096
+    int resolution = 512;                // bucket table: 512 (upstream's default), 1024, 2048, 4096
     int min_side = 0;                    // reject images smaller than this; 0 = resolution / 4
     int workers = 2;                     // parallel decode workers
     int max_in_flight = 0;  // token bound on decoded items; 0 = 4 x workers (>= VAE batch)
@@ -60,6 +60,15 @@ struct PrepStageRow {
     int64_t peak_bytes = 0;  // counted tensor bytes (CUDA allocator bytes on a GPU)
 };
 
+// The rejects of a run that share a reason (its numbers aside), with the first one's file.
+struct RejectGroup {
+    std::string stage;
+    std::string pattern;  // the reason with each number as '#'
+    std::string example_source;
+    std::string example_reason;
+    int64_t count = 0;
+};
+
 struct PrepReport {
     int64_t scanned = 0;  // samples the dataset scan found
     int64_t cached = 0;   // samples whose records were all there: nothing done
@@ -74,7 +83,12 @@ struct PrepReport {
     std::vector<std::string> models_loaded;  // stages that loaded a model
     double seconds = 0;
     std::vector<PrepStageRow> stages;
+    std::vector<RejectGroup> reject_groups;  // in order of first appearance
+    // The stage table, the sample counts and, when there were rejects, reject_summary().
     std::string table() const;
+    void add_reject(const std::string& stage, const std::string& source, const std::string& reason);
+    // One line per reason, the most frequent first: "  3 x [decode] ... (e.g. a.png: ...)".
+    std::string reject_summary(size_t max_groups = 5) const;
 };
 
 // Throws sf::Error on a fatal problem (bad options, cache refused, disk full); a bad sample is

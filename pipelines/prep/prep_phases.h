@@ -69,7 +69,7 @@ struct IndexResult {
 };
 IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                             const std::vector<stages::Sample>& samples, const PrepOptions& o,
-                            storage::CacheWriter& samples_writer);
+                            storage::CacheWriter& samples_writer, PrepReport& report);
 
 // Encodes the captions the cache lacks (each distinct one once) and the empty prompt.
 void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,
@@ -99,8 +99,8 @@ std::string read_file(const std::string& path, int64_t max_bytes);
 // before a failure is committed and a rerun does the rest.
 graph::RunStats run_and_commit(graph::LinearPipeline& pipeline,
                                const std::vector<storage::CacheWriter*>& writers);
-// Reports a pipeline reject to the cache's reject list.
-void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r);
+// Reports a pipeline reject to the cache's reject list and to the run's reject summary.
+void add_reject(storage::CacheWriter& writer, const graph::RejectInfo& r, PrepReport& report);
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
 }  // namespace sf::pipelines::prep

@@ -240,7 +240,7 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
                   kept[path][item.window_index] = item.sample_key;
               })
         .on_reject([&](const graph::RejectInfo& r) {
-            add_reject(samples_writer, r);
+            add_reject(samples_writer, r, report);
             if (r.reason.find("(truncated:") != std::string::npos) ++report.clips_truncated;
             ++report.rejected;
         });

@@ -189,8 +189,21 @@ std::map<std::string, std::string> run_settings(const TrainOptions& o, const std
         settings["joint_training_interval"] = std::to_string(o.joint_training_interval);
     if (o.i2v_probability > 0) settings["i2v_probability"] = fmt::format("{}", o.i2v_probability);
     if (!o.chunk_index.empty()) settings["chunk_index"] = o.chunk_index;
-    // A linear or cosine schedule is a curve over max_train_steps: another total changes it.
-    if (o.lr_scheduler == "linear" || o.lr_scheduler == "cosine")
+    // The optimizer's and schedules' later settings, where not their defaults (likewise).
+    if (o.weighting_scheme == "logit_normal") {
+        settings["logit_mean"] = fmt::format("{}", o.logit_mean);
+        settings["logit_std"] = fmt::format("{}", o.logit_std);
+    }
+    if (o.weighting_scheme == "mode") settings["mode_scale"] = fmt::format("{}", o.mode_scale);
+    if (o.adam_beta1 != 0.9) settings["adam_beta1"] = fmt::format("{}", o.adam_beta1);
+    if (o.adam_beta2 != 0.999) settings["adam_beta2"] = fmt::format("{}", o.adam_beta2);
+    if (o.adam_epsilon != 1e-8) settings["adam_epsilon"] = fmt::format("{}", o.adam_epsilon);
+    if (o.lr_scheduler == "cosine_with_restarts")
+        settings["lr_num_cycles"] = std::to_string(o.lr_num_cycles);
+    if (o.lr_scheduler == "polynomial") settings["lr_power"] = fmt::format("{}", o.lr_power);
+    // A decaying schedule is a curve over max_train_steps (resolved from the epochs when 0):
+    // another total changes it.
+    if (o.lr_scheduler != "constant" && o.lr_scheduler != "constant_with_warmup")
         settings["max_train_steps"] = std::to_string(o.max_train_steps);
     return settings;
 }

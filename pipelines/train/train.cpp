@@ -18,6 +18,7 @@
 #include "graph/progress.h"
 #include "model/common/lora.h"
 #include "model/common/weights.h"
+#include "pipelines/train/metrics_log.h"
 #include "pipelines/train/train_setup.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
@@ -34,6 +35,9 @@ void check_number(const char* flag, double value, double lo, double hi, const ch
     }
 }
 
+// --num_train_epochs at most: a million epochs of any cache is more steps than any run takes.
+constexpr int64_t kMaxEpochs = 1'000'000;
+
 void validate(const TrainOptions& o) {
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
@@ -42,9 +46,13 @@ void validate(const TrainOptions& o) {
         throw Error::InvalidArgument("--output_dir " + o.output_dir +
                                      " is a file, not a directory");
     }
-    if (o.max_train_steps < 1)
+    if (o.max_train_steps < 0)
         throw Error::InvalidArgument(
-            fmt::format("--max_train_steps must be >= 1, got {}", o.max_train_steps));
+            fmt::format("--max_train_steps must be >= 1 (or 0: --num_train_epochs), got {}",
+                        o.max_train_steps));
+    if (o.num_train_epochs < 1 || o.num_train_epochs > kMaxEpochs)
+        throw Error::InvalidArgument(fmt::format("--num_train_epochs must be in [1, {}], got {}",
+                                                 kMaxEpochs, o.num_train_epochs));
     if (o.checkpointing_steps < 0)
         throw Error::InvalidArgument("--checkpointing_steps must be >= 0");
     if (o.checkpoints_total_limit < 0)
@@ -54,6 +62,11 @@ void validate(const TrainOptions& o) {
     const double inf = std::numeric_limits<double>::infinity();
     check_number("--learning_rate", o.learning_rate, 0, inf, ">= 0");
     check_number("--adam_weight_decay", o.adam_weight_decay, 0, inf, ">= 0");
+    check_number("--adam_beta1", o.adam_beta1, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
+    check_number("--adam_beta2", o.adam_beta2, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
+    check_number("--adam_epsilon", o.adam_epsilon, std::numeric_limits<double>::min(), inf, "> 0");
+    check_number("--lr_power", o.lr_power, std::numeric_limits<double>::min(), inf, "> 0");
+    if (o.lr_num_cycles < 1) throw Error::InvalidArgument("--lr_num_cycles must be >= 1");
     check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
     check_number("--flow_shift", o.flow_shift, std::numeric_limits<double>::min(), inf, "> 0");
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
@@ -87,6 +100,9 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;
     s.flow.weighting_scheme = o.weighting_scheme;
+    s.flow.logit_mean = o.logit_mean;
+    s.flow.logit_std = o.logit_std;
+    s.flow.mode_scale = o.mode_scale;
     s.i2v_probability = o.i2v_probability;
     s.chunk_starts = training::parse_chunk_index(o.chunk_index);
     return s;
@@ -134,12 +150,34 @@ Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
     return s;
 }
 
+// The options as this run uses them: max_train_steps from --num_train_epochs when 0 (as upstream:
+// epochs x ceil(batches per epoch / accumulation)), the learning rate scaled by --scale_lr.
+TrainOptions resolve_run(const TrainOptions& given, const Samplers& samplers) {
+    TrainOptions o = given;
+    if (o.max_train_steps == 0) {
+        const int64_t batches = samplers.main->batches_per_epoch();
+        const int64_t per_epoch = std::max<int64_t>(
+            1, (batches + o.gradient_accumulation_steps - 1) / o.gradient_accumulation_steps);
+        o.max_train_steps = o.num_train_epochs * per_epoch;
+        log_info(
+            "train: {} epoch(s) of {} batches of {} = {} optimizer steps (--max_train_steps "
+            "sets them instead)",
+            o.num_train_epochs, batches, o.train_batch_size, o.max_train_steps);
+    }
+    if (o.scale_lr) {
+        o.learning_rate *= static_cast<double>(o.train_batch_size * o.gradient_accumulation_steps);
+        log_info("train: --scale_lr: learning rate {} x {} x {} = {:g}", given.learning_rate,
+                 o.train_batch_size, o.gradient_accumulation_steps, o.learning_rate);
+    }
+    return o;
+}
+
 // Final weights, in the layout diffusers loads: the adapters for LoRA, else transformer/.
 std::string save_final_weights(const TrainOptions& o, model::DiffusionTransformer& transformer) {
     fs::create_directories(o.output_dir);
     if (o.rank > 0) {
         const std::string path = (fs::path(o.output_dir) / model::kLoraWeightName).string();
-        model::save_lora(transformer.module(), path);
+        model::save_lora(transformer.module(), path, {}, /*bake_scale=*/true);
         return path;
     }
     const fs::path dir = fs::path(o.output_dir) / "transformer";
@@ -207,21 +245,72 @@ void write_summary(const TrainOptions& o, const TrainReport& report) {
                                summary.dump(2));
 }
 
-}  // namespace
-
-TrainReport run_train(const TrainOptions& o) {
-    validate(o);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto& memlog = mem::memory_log();
-    const c10::Device device = resolve_device(o.device);
-    if (o.allow_tf32) {
-        at::globalContext().setAllowTF32CuBLAS(true);
-        at::globalContext().setAllowTF32CuDNN(true);
-        if (!device.is_cuda()) log_info("train: --allow_tf32 has no effect on {}", device.str());
+// The optimizer steps from where the run stands to max_train_steps: each logged, written to
+// metrics.jsonl, and checkpointed every --checkpointing_steps.
+void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
+               const training::RunParts& run, TrainReport& report,
+               std::optional<std::string>& last_checkpoint, MetricsLog* metrics) {
+    train::TrainStep& trainer = run.step;
+    at::Generator& gen = run.data_gen;
+    const bool writes = trainer.gradient_sync().writes_files();
+    graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
+    while (trainer.steps_done() < o.max_train_steps) {
+        const auto start = std::chrono::steady_clock::now();
+        int64_t samples = 0;
+        const train::StepResult r = trainer.step(
+            [&](int64_t k) {
+                train::TrainingBatch b;
+                const int64_t step = trainer.steps_done();
+                while (b.indices.empty()) {
+                    b = set.load(samplers.next(step, o.joint_training_interval), o.caption_dropout,
+                                 gen);
+                }
+                samples += static_cast<int64_t>(b.indices.size());
+                if (k == 0)
+                    report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
+                return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
+            },
+            gen);
+        stop_if_diverged(o, r, last_checkpoint);
+        report.losses.push_back(r.loss);
+        progress.advance(1);
+        if (metrics != nullptr) {
+            StepMetrics m;
+            m.step = r.step;
+            m.loss = r.loss;
+            m.lr = r.lr;
+            m.grad_norm = r.grad_norm;
+            m.loss_scale = r.loss_scale;
+            m.skipped = r.skipped;
+            m.seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            m.samples = samples;
+            for (const auto& [phase, peak] : trainer.phase_peaks())
+                m.peak_bytes[phase] = peak.tensor_bytes;
+            metrics->append(m);
+        }
+        if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
+            log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
+                     r.loss, r.lr,
+                     r.grad_norm > 0 ? fmt::format(" grad norm {:.3g}", r.grad_norm) : "",
+                     r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})",
+                                             trainer.scaler().scale())
+                               : "");
+        }
+        if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
+            last_checkpoint =
+                train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
+                                       o.checkpoints_total_limit);
+            log_info("train: checkpoint {}", *last_checkpoint);
+        }
     }
+    progress.finish();
+}
 
-    const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
-    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
+// Everything after the data is open: the model, the optimizer, the steps, the final weights.
+TrainReport train_loop(const TrainOptions& o, const train::TrainingSet& set, Samplers samplers,
+                       c10::Device device, std::chrono::steady_clock::time_point t0) {
+    auto& memlog = mem::memory_log();
 
     mem::reset_peak();
     memlog.mark("train", "before model");
@@ -238,11 +327,13 @@ TrainReport run_train(const TrainOptions& o) {
     train::AdamWOptions adamw;
     adamw.lr = o.learning_rate;
     adamw.weight_decay = o.adam_weight_decay;
-    train::TrainStep trainer(
-        transformer, trainable, adamw,
-        train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps, o.max_train_steps),
-        step_options(o), device);
-    Samplers samplers = make_samplers(o, set);
+    adamw.beta1 = o.adam_beta1;
+    adamw.beta2 = o.adam_beta2;
+    adamw.eps = o.adam_epsilon;
+    train::TrainStep trainer(transformer, trainable, adamw,
+                             train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
+                                               o.max_train_steps, o.lr_num_cycles, o.lr_power),
+                             step_options(o), device);
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
@@ -270,40 +361,9 @@ TrainReport run_train(const TrainOptions& o) {
 
     mem::release_memory(
         "train before the first step");  // what setting up held (checkpoint reads, casts)
-    graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
-    while (trainer.steps_done() < o.max_train_steps) {
-        const train::StepResult r = trainer.step(
-            [&](int64_t k) {
-                train::TrainingBatch b;
-                const int64_t step = trainer.steps_done();
-                while (b.indices.empty()) {
-                    b = set.load(samplers.next(step, o.joint_training_interval), o.caption_dropout,
-                                 gen);
-                }
-                if (k == 0)
-                    report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
-                return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
-            },
-            gen);
-        stop_if_diverged(o, r, last_checkpoint);
-        report.losses.push_back(r.loss);
-        progress.advance(1);
-        if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
-            log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
-                     r.loss, r.lr,
-                     r.grad_norm > 0 ? fmt::format(" grad norm {:.3g}", r.grad_norm) : "",
-                     r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})",
-                                             trainer.scaler().scale())
-                               : "");
-        }
-        if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
-            last_checkpoint =
-                train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
-                                       o.checkpoints_total_limit);
-            log_info("train: checkpoint {}", *last_checkpoint);
-        }
-    }
-    progress.finish();
+    std::optional<MetricsLog> metrics;
+    if (writes) metrics.emplace(o.output_dir, report.first_step);
+    run_steps(o, set, samplers, run, report, last_checkpoint, metrics ? &*metrics : nullptr);
 
     if (writes)
         report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
@@ -320,6 +380,26 @@ TrainReport run_train(const TrainOptions& o) {
     report.phase_table = trainer.phase_table();
     report.memory_marks = memlog.table();
     return report;
+}
+
+}  // namespace
+
+TrainReport run_train(const TrainOptions& options) {
+    validate(options);
+    const TrainOptions& o = options;  // until the samplers resolve the run's steps
+    const auto t0 = std::chrono::steady_clock::now();
+    const c10::Device device = resolve_device(o.device);
+    if (o.allow_tf32) {
+        at::globalContext().setAllowTF32CuBLAS(true);
+        at::globalContext().setAllowTF32CuDNN(true);
+        if (!device.is_cuda()) log_info("train: --allow_tf32 has no effect on {}", device.str());
+    }
+
+    const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
+    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
+    Samplers samplers = make_samplers(o, set);
+    const TrainOptions resolved = resolve_run(options, samplers);  // before samplers move
+    return train_loop(resolved, set, std::move(samplers), device, t0);
 }
 
 }  // namespace sf::pipelines

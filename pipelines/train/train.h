@@ -14,9 +14,11 @@
 
 namespace sf::pipelines {
 
+// Defaults are those of diffusers' train_dreambooth_lora_sana.py (v0.33.1) where a flag means the
+// same: LoRA rank 4, warmup 500, weight decay 1e-4, batch 4, one epoch.
 struct TrainOptions {
     std::string cache_dir;
-    std::string output_dir;
+    std::string output_dir = "sana-dreambooth-lora";
     // A diffusers-layout root holding transformer/, or a transformer directory itself.
     std::string pretrained_model_name_or_path;
     std::string transformer_config;  // a config.json to train from scratch (seeded weights)
@@ -33,17 +35,28 @@ struct TrainOptions {
     int64_t ff_chunk_frames = 0;  // video: the feed-forward over k latent frames at a time; 0 off
 
     // Optimisation.
-    int64_t train_batch_size = 1;
+    int64_t train_batch_size = 4;
     int64_t gradient_accumulation_steps = 1;
-    int64_t max_train_steps = 100;
+    int64_t max_train_steps = 0;   // 0: num_train_epochs over the cache
+    int64_t num_train_epochs = 1;  // when max_train_steps is 0
     double learning_rate = 1e-4;
+    bool scale_lr = false;  // learning_rate x batch x accumulation (x ranks), as upstream
     std::string lr_scheduler = "constant";
-    int64_t lr_warmup_steps = 0;
+    int64_t lr_warmup_steps = 500;
+    int64_t lr_num_cycles = 1;  // cosine_with_restarts
+    double lr_power = 1.0;      // polynomial
     double max_grad_norm = 1.0;
-    double adam_weight_decay = 1e-2;
+    double adam_beta1 = 0.9;
+    double adam_beta2 = 0.999;
+    double adam_epsilon = 1e-8;
+    double adam_weight_decay = 1e-4;
     double caption_dropout = 0.0;
     double flow_shift = 3.0;
-    std::string weighting_scheme = "logit_normal";
+    // Timestep density and loss weighting: none, logit_normal, mode, sigma_sqrt or cosmap.
+    std::string weighting_scheme = "none";
+    double logit_mean = 0.0;
+    double logit_std = 1.0;
+    double mode_scale = 1.29;
 
     // SANA-Video's trainer, on caches of video windows (train_video_ivjoint_chunk.py):
     // every k-th step (k > 0) a batch of images (one-frame windows) instead of video windows,
@@ -53,8 +66,8 @@ struct TrainOptions {
     std::string chunk_index;     // "0,3,6": latent frames where timestep chunks start
 
     // LoRA: rank 0 trains every weight.
-    int64_t rank = 0;
-    double lora_alpha = 0;  // 0: = rank
+    int64_t rank = 4;
+    double lora_alpha = 4;  // 0: = rank
     std::string lora_target_modules = "to_q,to_k,to_v";
 
     // Checkpoints.

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "core/error.h"
@@ -13,11 +16,18 @@ void check_flow_matching(const FlowMatchingConfig& c) {
     if (c.flow_shift <= 0)
         throw Error::InvalidArgument(fmt::format("--flow_shift must be > 0, got {}", c.flow_shift));
     if (c.num_train_timesteps < 1) throw Error::InvalidArgument("num_train_timesteps must be >= 1");
-    if (c.weighting_scheme != "logit_normal" && c.weighting_scheme != "uniform") {
+    static const char* const schemes[] = {"none",       "logit_normal", "mode",
+                                          "sigma_sqrt", "cosmap",       "uniform"};
+    if (std::find(std::begin(schemes), std::end(schemes), c.weighting_scheme) ==
+        std::end(schemes)) {
         throw Error::InvalidArgument(fmt::format(
-            "--weighting_scheme must be logit_normal or uniform, got '{}'", c.weighting_scheme));
+            "--weighting_scheme must be none, logit_normal, mode, sigma_sqrt or cosmap, got '{}'",
+            c.weighting_scheme));
     }
-    if (c.logit_std <= 0) throw Error::InvalidArgument("--logit_std must be > 0");
+    if (!std::isfinite(c.logit_mean)) throw Error::InvalidArgument("--logit_mean must be finite");
+    if (!(c.logit_std > 0) || !std::isfinite(c.logit_std))
+        throw Error::InvalidArgument("--logit_std must be a finite number > 0");
+    if (!std::isfinite(c.mode_scale)) throw Error::InvalidArgument("--mode_scale must be finite");
 }
 
 void check_chunk_starts(const std::vector<int64_t>& starts) {
@@ -30,6 +40,27 @@ void check_chunk_starts(const std::vector<int64_t>& starts) {
         }
     }
 }
+
+namespace {
+
+// One u in [0, 1) as diffusers' compute_density_for_timestep_sampling draws it.
+at::Tensor draw_u(const FlowMatchingConfig& c, at::Generator& gen) {
+    const auto cpu = at::TensorOptions().dtype(at::kFloat);
+    if (c.weighting_scheme == "logit_normal")
+        return at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu));
+    const at::Tensor v = at::rand({1}, gen, cpu);
+    if (c.weighting_scheme != "mode") return v;
+    return 1 - v - c.mode_scale * (at::cos(M_PI * v / 2).pow(2) - 1 + v);
+}
+
+// diffusers' compute_loss_weighting_for_sd3; undefined where it is 1.
+at::Tensor loss_weighting(const std::string& scheme, const at::Tensor& sigmas) {
+    if (scheme == "sigma_sqrt") return sigmas.pow(-2.0);
+    if (scheme == "cosmap") return 2.0 / (M_PI * (1 - 2 * sigmas + 2 * sigmas.pow(2)));
+    return at::Tensor();
+}
+
+}  // namespace
 
 NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& c,
                                 at::Generator& gen, const FrameTimesteps& frames) {
@@ -59,11 +90,7 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
     for (int64_t i = 0; i < batch; ++i) {
         std::vector<at::Tensor> per_chunk;
         for (const auto& [begin, end] : chunks) {
-            const at::Tensor u =
-                c.weighting_scheme == "logit_normal"
-                    ? at::sigmoid(at::normal(c.logit_mean, c.logit_std, {1}, gen, cpu))
-                    : at::rand({1}, gen, cpu);
-            per_chunk.push_back(u.expand({end - begin}));
+            per_chunk.push_back(draw_u(c, gen).expand({end - begin}));
         }
         us.push_back(at::cat(per_chunk));
         noises.push_back(at::normal(0.0, 1.0, latents[i].sizes(), gen, cpu));
@@ -88,19 +115,32 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
     out.noisy = (1 - sig) * latents + sig * noise;
     out.target = noise - latents;
     if (!per_frame) sigmas = sigmas.view({batch});
+    out.loss_weights = loss_weighting(c.weighting_scheme, sigmas);
+    if (out.loss_weights.defined()) {
+        if (clean_first) out.loss_weights.select(1, 0).zero_();  // sigma 0: out of the loss
+        out.loss_weights = out.loss_weights.to(latents.device());
+    }
     out.sigmas = sigmas.to(latents.device());
     out.timesteps = (sigmas * n).to(latents.device());
     return out;
 }
 
 at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
-                              const at::Tensor& frame_weights) {
+                              const at::Tensor& frame_weights, const at::Tensor& loss_weights) {
     const at::Tensor diff = prediction.to(at::kFloat) - target.to(at::kFloat);
     const int64_t batch = diff.size(0);
-    if (!frame_weights.defined()) return diff.pow(2).reshape({batch, -1}).mean(1).mean();
+    at::Tensor squared = diff.pow(2);
+    if (loss_weights.defined()) {
+        // [B] -> [B, 1, 1, ...]; [B, f] -> [B, 1, f, 1, 1].
+        std::vector<int64_t> shape(static_cast<size_t>(diff.dim()), 1);
+        shape[0] = batch;
+        if (loss_weights.dim() == 2) shape[2] = loss_weights.size(1);
+        squared = squared * loss_weights.to(at::kFloat).view(shape);
+    }
+    if (!frame_weights.defined()) return squared.reshape({batch, -1}).mean(1).mean();
     // [B, C, f, h, w] * [B, 1, f, 1, 1]: the frames out of the loss contribute nothing.
     const at::Tensor w = frame_weights.to(at::kFloat).view({batch, 1, -1, 1, 1});
-    const at::Tensor per_sample = (diff.pow(2) * w).reshape({batch, -1}).sum(1);
+    const at::Tensor per_sample = (squared * w).reshape({batch, -1}).sum(1);
     const double per_frame = static_cast<double>(diff.numel() / batch / diff.size(2));
     return (per_sample / (frame_weights.to(at::kFloat).sum(1) * per_frame)).mean();
 }

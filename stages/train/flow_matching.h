@@ -1,11 +1,16 @@
 // Sana's training objective: rectified flow with a velocity target, as diffusers'
 // train_dreambooth_lora_sana.py computes it.
 //
-//   u ~ logit-normal(mean, std)           (weighting_scheme "logit_normal"; "uniform": u ~ U(0,1))
+//   u ~ logit-normal(mean, std)           weighting_scheme "logit_normal"
+//   u = 1 - v - scale (cos^2(pi v / 2) - 1 + v), v ~ U(0,1)     "mode" (mode_scale)
+//   u ~ U(0, 1)                           "none" (upstream's default; "uniform" is the same),
+//                                         "sigma_sqrt", "cosmap"
 //   i = floor(u * N)                      an index into the scheduler's N timesteps, descending
 //   s = (N - i) / N;  sigma = shift * s / (1 + (shift - 1) * s)    (FlowMatchEulerDiscrete, shift)
 //   x_t = (1 - sigma) * x_0 + sigma * noise;   timestep = sigma * N
-//   target = noise - x_0;   loss = mean over the batch of the per-sample mean squared error
+//   target = noise - x_0;   loss = mean over the batch of the per-sample mean of w (pred -
+//   target)^2 w = 1; sigma^-2 for "sigma_sqrt"; 2 / (pi (1 - 2 sigma + 2 sigma^2)) for "cosmap"
+//   (diffusers' compute_density_for_timestep_sampling and compute_loss_weighting_for_sd3)
 //
 // Video windows [B, C, f, h, w] may also take a timestep per latent frame (SANA-Video's trainer,
 // train_video_scripts/train_video_ivjoint_chunk.py):
@@ -28,9 +33,10 @@ namespace sf::train {
 struct FlowMatchingConfig {
     double flow_shift = 3.0;  // Sana's scheduler shift (3.0 for the 1024 px models)
     int64_t num_train_timesteps = 1000;
-    std::string weighting_scheme = "logit_normal";  // or "uniform"
+    std::string weighting_scheme = "logit_normal";  // the schemes above
     double logit_mean = 0.0;
     double logit_std = 1.0;
+    double mode_scale = 1.29;
 };
 
 // How the timesteps of a video window are laid out; the default is one per sample.
@@ -48,6 +54,7 @@ struct NoisedBatch {
     at::Tensor timesteps;      // [B] float, sigma * N; [B, f] with per-frame timesteps
     at::Tensor sigmas;         // [B] float; [B, f] with per-frame timesteps
     at::Tensor frame_weights;  // [B, f] 1 for frames in the loss, 0 out; undefined: every frame
+    at::Tensor loss_weights;   // w, shaped as sigmas (0 on frames out of the loss); undefined: 1
 };
 
 // Validates the config (kInvalidArgument naming the flag).
@@ -63,10 +70,12 @@ void check_chunk_starts(const std::vector<int64_t>& starts);
 NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingConfig& config,
                                 at::Generator& gen, const FrameTimesteps& frames = {});
 
-// Mean squared error between prediction and target, computed in fp32: per sample the mean over
-// its elements (over the frames whose weight is 1 when `frame_weights` [B, f] is given), then the
-// mean over the batch.
+// Mean squared error between prediction and target, computed in fp32, each element weighted by
+// `loss_weights` ([B], or [B, f] per frame) when given: per sample the mean over its elements
+// (over the frames whose weight is 1 when `frame_weights` [B, f] is given), then the mean over
+// the batch.
 at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
-                              const at::Tensor& frame_weights = at::Tensor());
+                              const at::Tensor& frame_weights = at::Tensor(),
+                              const at::Tensor& loss_weights = at::Tensor());
 
 }  // namespace sf::train

@@ -4,11 +4,16 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/error.h"
 
 namespace sf::train {
+
+// diffusers' get_polynomial_decay_schedule_with_warmup: lr_end.
+constexpr double kPolynomialEndLr = 1e-7;
 
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
     : params_(std::move(params)), moments_(params_.size()), options_(options) {
@@ -92,16 +97,30 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
     }
 }
 
-LRSchedule::LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps)
-    : kind_(std::move(kind)), base_lr_(base_lr), warmup_(warmup_steps), total_(total_steps) {
-    if (kind_ != "constant" && kind_ != "constant_with_warmup" && kind_ != "linear" &&
-        kind_ != "cosine") {
-        throw Error::InvalidArgument(fmt::format(
-            "--lr_scheduler must be constant, constant_with_warmup, linear or cosine, got '{}'",
-            kind_));
+LRSchedule::LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps,
+                       int64_t num_cycles, double power)
+    : kind_(std::move(kind)),
+      base_lr_(base_lr),
+      warmup_(warmup_steps),
+      total_(total_steps),
+      num_cycles_(num_cycles),
+      power_(power) {
+    static const char* const kinds[] = {"constant", "constant_with_warmup", "linear",
+                                        "cosine",   "cosine_with_restarts", "polynomial"};
+    if (std::find(std::begin(kinds), std::end(kinds), kind_) == std::end(kinds)) {
+        throw Error::InvalidArgument(fmt::format("--lr_scheduler must be one of {}, got '{}'",
+                                                 fmt::join(kinds, ", "), kind_));
     }
     if (warmup_ < 0) throw Error::InvalidArgument("--lr_warmup_steps must be >= 0");
     if (total_ < 1) throw Error::InvalidArgument("--max_train_steps must be >= 1");
+    if (num_cycles_ < 1) throw Error::InvalidArgument("--lr_num_cycles must be >= 1");
+    if (!std::isfinite(power_) || power_ <= 0)
+        throw Error::InvalidArgument("--lr_power must be a finite number > 0");
+    if (kind_ == "polynomial" && !(base_lr_ > kPolynomialEndLr)) {
+        throw Error::InvalidArgument(fmt::format(
+            "--lr_scheduler polynomial decays to {:g}: --learning_rate must be larger, got {:g}",
+            kPolynomialEndLr, base_lr_));
+    }
 }
 
 double LRSchedule::at(int64_t step) const {
@@ -110,9 +129,21 @@ double LRSchedule::at(int64_t step) const {
         return base_lr_ * static_cast<double>(step) /
                static_cast<double>(std::max<int64_t>(1, warmup_));
     if (kind_ == "constant_with_warmup") return base_lr_;
+    if (kind_ == "polynomial") {
+        if (step > total_) return kPolynomialEndLr;
+        const double remaining =
+            1.0 - static_cast<double>(step - warmup_) /
+                      static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
+        return (base_lr_ - kPolynomialEndLr) * std::pow(remaining, power_) + kPolynomialEndLr;
+    }
     const double progress = static_cast<double>(step - warmup_) /
                             static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
     if (kind_ == "linear") return base_lr_ * std::max(0.0, 1.0 - progress);
+    if (kind_ == "cosine_with_restarts") {
+        if (progress >= 1.0) return 0.0;
+        const double cycle = std::fmod(static_cast<double>(num_cycles_) * progress, 1.0);
+        return base_lr_ * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * cycle)));
+    }
     return base_lr_ * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));  // num_cycles 0.5
 }
 

@@ -57,11 +57,13 @@ private:
 };
 
 // diffusers' get_scheduler: "constant", "constant_with_warmup", "linear", "cosine" (half a cosine
-// from the peak to zero after the warmup). Validated when built (kInvalidArgument naming
-// --lr_scheduler).
+// from the peak to zero after the warmup), "cosine_with_restarts" (`num_cycles` hard restarts)
+// and "polynomial" (to diffusers' lr_end 1e-7 with `power`). Validated when built
+// (kInvalidArgument naming --lr_scheduler, --lr_num_cycles or --lr_power).
 class LRSchedule {
 public:
-    LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps);
+    LRSchedule(std::string kind, double base_lr, int64_t warmup_steps, int64_t total_steps,
+               int64_t num_cycles = 1, double power = 1.0);
     // The learning rate of optimizer step `step` (0-based), as the scheduler gives it after
     // `step` calls to scheduler.step().
     double at(int64_t step) const;
@@ -71,6 +73,8 @@ private:
     std::string kind_;
     double base_lr_;
     int64_t warmup_, total_;
+    int64_t num_cycles_;
+    double power_;
 };
 
 // torch.nn.utils.clip_grad_norm_: scales every gradient so that their global L2 norm is at most

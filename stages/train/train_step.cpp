@@ -246,7 +246,8 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                                                               noised.timesteps, mb.prompt_mask);
                 SF_CHECK(prediction.sizes() == noised.target.sizes(),
                          "the velocity's shape is not the latents'");
-                loss = flow_matching_loss(prediction, noised.target, noised.frame_weights);
+                loss = flow_matching_loss(prediction, noised.target, noised.frame_weights,
+                                          noised.loss_weights);
             }
             loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
             mb = MicroBatch{};  // the inputs autograd does not hold go now

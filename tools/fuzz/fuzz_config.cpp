@@ -4,13 +4,14 @@
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "model/gemma/gemma2_config.h"
 #include "model/sana/sana_config.h"
+#include "model/sana_video/sana_video_config.h"
 #include "model/wan/wan_vae_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const std::string text(sf::fuzz::as_text(data + 1, size - 1));
     sf::fuzz::refused_or_read([&] {
-        switch (data[0] % 4) {
+        switch (data[0] % 5) {
             case 0:
                 sf::model::sana_parameter_count(
                     sf::model::SanaTransformerConfig::from_json(text, "config.json"));
@@ -18,6 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             case 1:
                 sf::model::dc_ae_parameter_count(
                     sf::model::AutoencoderDCConfig::from_json_text(text, "config.json"));
+                break;
+            case 2:
+                sf::model::sana_video_parameter_count(
+                    sf::model::SanaVideoTransformerConfig::from_json(text, "config.json"));
                 break;
             case 3:
                 sf::model::wan_vae_parameter_count(

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <tuple>
 
 #include "stages/train/state_json.h"
 #include "storage/atomic_file.h"
@@ -73,10 +74,14 @@ int main(int argc, char** argv) {
         fs::remove(file);
     }
     seed("index", "0", R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s.safetensors"}})");
-    const std::pair<char, const char*> configs[] = {
-        {'\0', "transformer"}, {'\0', "transformer_pe"}, {'\1', "vae"}, {'\2', "text_encoder"}};
-    for (const auto& [selector, model] : configs) {
-        const fs::path config = source / "tests/data/golden" / model / "config.json";
+    // The first byte picks the reader (fuzz_config.cpp): 0 Sana, 1 DC-AE, 2 SANA-Video, 3 Wan VAE,
+    // 4 Gemma-2.
+    const std::tuple<char, const char*, const char*> configs[] = {
+        {'\0', "golden", "transformer"},   {'\0', "golden", "transformer_pe"},
+        {'\1', "golden", "vae"},           {'\2', "golden-video", "transformer_video"},
+        {'\3', "golden-video", "vae_wan"}, {'\4', "golden", "text_encoder"}};
+    for (const auto& [selector, dir, model] : configs) {
+        const fs::path config = source / "tests/data" / dir / model / "config.json";
         seed("config", model, std::string(1, selector) + storage::read_file(config.string()));
     }
     train::StateFields state;
