@@ -19,6 +19,7 @@
 #include "pipelines/prep/prep.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
+#include "storage/cache_schema.h"
 #include "storage/cache_writer.h"
 #include "storage/tensor_record.h"
 #include "test_util.h"
@@ -180,6 +181,36 @@ TEST(PrepIntegration, ChangedFingerprintIsRefusedUnlessRebuilt) {
     auto rebuilt = run_prep(o);
     EXPECT_EQ(rebuilt.written, 4);
     EXPECT_EQ(samples_in(o.cache_dir), 4);  // the 512-px records are gone, not kept beside
+}
+
+// No complex human instruction by default (upstream's script); "default" is Sana's, a file or a
+// text is its own. Each is in the text stage's fingerprint, so a cache made with another is
+// refused until --rebuild, and the caption features differ.
+TEST(PrepIntegration, TheComplexHumanInstructionIsOffByDefaultAndFingerprinted) {
+    TempDir tmp("sf_prep_chi");
+    write_dataset(tmp.path() / "data", 0, 2);
+    PrepOptions o = options_for(tmp);
+    o.vae = false;  // the text phase is what this is about
+    auto instruction = [&] {
+        return sf::storage::Cache::open(o.cache_dir)
+            .fingerprints()
+            .at(sf::storage::schema::kEncodeTextStage)
+            .at("instruction");
+    };
+    EXPECT_EQ(run_prep(o).texts_written, 2);
+    EXPECT_EQ(instruction(), "none");
+    o.complex_human_instruction = "default";
+    EXPECT_THROW(run_prep(o), sf::Error);  // another instruction: refused without --rebuild
+    o.rebuild = true;
+    EXPECT_EQ(run_prep(o).texts_written, 2);
+    EXPECT_EQ(instruction(), "sana-default");
+    sf::test::write_file(tmp.path() / "chi.txt", "Describe the image:\nUser Prompt: ");
+    o.complex_human_instruction = tmp.file("chi.txt");
+    EXPECT_EQ(run_prep(o).texts_written, 2);
+    EXPECT_EQ(instruction().rfind("custom-", 0), 0u) << instruction();
+    o.max_sequence_length = 5000;
+    sf::test::expect_error([&] { run_prep(o); }, sf::ErrorCode::kInvalidArgument,
+                           "--max_sequence_length must be in [1, 2048], got 5000");
 }
 
 TEST(PrepIntegration, KilledRunLeavesValidRecordsAndRerunCompletes) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "integration_util.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "pipelines/prep/prep.h"
+#include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_state.h"
@@ -101,6 +103,8 @@ TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {
         EXPECT_GT(j.at("peak_bytes").at("backward").get<int64_t>(), 0) << line;
     }
     EXPECT_EQ(step, 30);
+    // And TensorBoard events (read with TensorBoard itself in tests/python/ecosystem_test.py).
+    EXPECT_FALSE(fs::is_empty(out.file("run/logs/sanaflow")));
 }
 
 // The saved transformer/ is a diffusers-layout model that training can start from again: its
@@ -197,6 +201,22 @@ TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
     }
     // A and B for q, k, v of both attentions (peft matches "to_q" in attn1 and attn2), 2 blocks.
     EXPECT_EQ(static_cast<int64_t>(file.names().size()), 2 * 6 * 2);
+    // Each checkpoint holds the same file (a pipeline loads any checkpoint), in its manifest:
+    // the last one's equals the final file, and damaging it fails the checkpoint's verification.
+    EXPECT_EQ(file.metadata().at("format"), "pt");
+    const std::string in_checkpoint =
+        out.file("lora/checkpoint-3/pytorch_lora_weights.safetensors");
+    const auto first = sf::storage::SafetensorsFile::open(in_checkpoint);
+    EXPECT_EQ(first.names(), file.names());
+    EXPECT_EQ(sf::test::read_file(out.file("lora/checkpoint-6/pytorch_lora_weights.safetensors")),
+              sf::test::read_file(report.weights_path));
+    EXPECT_NO_THROW(sf::train::verify_checkpoint(out.file("lora/checkpoint-3")));
+    {
+        std::string bytes = sf::test::read_file(in_checkpoint);
+        bytes[bytes.size() - 1] ^= 1;
+        sf::test::write_file(in_checkpoint, bytes);
+    }
+    EXPECT_THROW(sf::train::verify_checkpoint(out.file("lora/checkpoint-3")), sf::Error);
 
     o.rank = 8;
     o.max_train_steps = 9;
@@ -566,6 +586,41 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     EXPECT_FALSE(t.allow_tf32);
     EXPECT_EQ(t.gradient_checkpointing, 0);
     EXPECT_TRUE(t.resume_from_checkpoint.empty());
+    EXPECT_EQ(t.report_to, "tensorboard");
+    EXPECT_EQ(t.logging_dir, "logs");
+}
+
+// TFRecord's checksum is CRC-32C; its check value (the CRC of "123456789") is 0xE3069283.
+TEST(TensorBoard, EventFilesAreChecksummedRecords) {
+    EXPECT_EQ(sf::pipelines::crc32c("123456789", 9), 0xE3069283u);
+    EXPECT_EQ(sf::pipelines::crc32c("", 0), 0u);
+    TempDir tmp("sf_tensorboard");
+    std::string path;
+    {
+        sf::pipelines::TensorBoardWriter w(tmp.file("logs"));
+        w.add_scalars(1, {{"loss", 0.5}});
+        path = w.path();
+    }
+    EXPECT_NE(fs::path(path).filename().string().find("events.out.tfevents."), std::string::npos);
+    // Two records (the version, one step), each length | crc | data | crc, all checksums right.
+    const std::string bytes = sf::test::read_file(path);
+    size_t at = 0, records = 0;
+    while (at < bytes.size()) {
+        uint64_t length = 0;
+        uint32_t length_crc = 0, data_crc = 0;
+        ASSERT_LE(at + 12, bytes.size());
+        std::memcpy(&length, bytes.data() + at, 8);
+        std::memcpy(&length_crc, bytes.data() + at + 8, 4);
+        ASSERT_LE(at + 12 + length + 4, bytes.size());
+        std::memcpy(&data_crc, bytes.data() + at + 12 + length, 4);
+        auto masked = [](uint32_t c) { return ((c >> 15) | (c << 17)) + 0xa282ead8u; };
+        EXPECT_EQ(length_crc, masked(sf::pipelines::crc32c(bytes.data() + at, 8)));
+        EXPECT_EQ(data_crc, masked(sf::pipelines::crc32c(bytes.data() + at + 12, length)));
+        at += 12 + length + 4;
+        ++records;
+    }
+    EXPECT_EQ(records, 2u);
+    EXPECT_NE(bytes.find("brain.Event:2"), std::string::npos);
 }
 
 // The launch line of the Sana OOM guide, typed after `sanaflow train` as the guide spells it (the

@@ -283,6 +283,17 @@ TEST(LoRA, ABakedFileAppliedAsWPlusBAIsTheTrainedForward) {
     add_lora(*loaded, LoRAConfig{4, 4.0, {"to_q"}, 0.0});
     sf::model::load_lora(*loaded, file);
     EXPECT_TRUE(torch::allclose(sf::model::apply_linear(loaded->to_q, x), expected, 1e-5, 1e-6));
+    // Into adapters of the trained alpha: B divided again, the same forward.
+    auto again = std::make_shared<OneLinear>();
+    again->to_q->weight.copy_(trained->to_q->weight);
+    again->to_q->bias.copy_(trained->to_q->bias);
+    add_lora(*again, LoRAConfig{4, 8.0, {"to_q"}, 0.0});
+    sf::model::load_lora(*again, file);
+    EXPECT_TRUE(torch::allclose(sf::model::apply_linear(again->to_q, x), expected, 1e-5, 1e-6));
+    // Any other alpha is refused, naming the file's.
+    auto other = std::make_shared<OneLinear>();
+    add_lora(*other, LoRAConfig{4, 2.0, {"to_q"}, 0.0});
+    EXPECT_THROW(sf::model::load_lora(*other, file), sf::Error);
 }
 
 TEST(LoRA, LoadRefusesMissingMisshapedAndUnexpectedTensorsNamingThem) {

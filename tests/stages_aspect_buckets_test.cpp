@@ -145,3 +145,16 @@ TEST(AspectBuckets, UnknownResolutionIsAnInvalidArgument) {
 
 }  // namespace
 }  // namespace sf::stages
+
+// --resolution takes any multiple of 32, mapped to the nearest table on a log scale.
+TEST(AspectBuckets, AnyMultipleOf32MapsToTheNearestTable) {
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(512), 512);
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(640), 512);
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(768), 1024);
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(1536), 2048);
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(3008), 4096);
+    EXPECT_EQ(sf::stages::nearest_bucket_resolution(256), 512);
+    for (const int bad : {500, 224, 9000, 0, -32}) {
+        EXPECT_THROW(sf::stages::nearest_bucket_resolution(bad), sf::Error) << bad;
+    }
+}

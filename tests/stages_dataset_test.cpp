@@ -154,7 +154,7 @@ TEST(Dataset, ManifestLinesAndRejectsNamingFileAndLine) {
     expect_reject(0, 3, "duplicate of line 2: " + dir.file("imgs/one.png"));
     expect_reject(1, 4, "file not found: " + dir.file("imgs/three.png"));
     expect_reject(2, 5, "metadata line: not valid JSON: ");
-    expect_reject(3, 9, "no \"caption\" string");
+    expect_reject(3, 9, "no \"caption\", \"text\" or \"prompt\" string");
     expect_reject(4, 10, "line is not a JSON object");
     expect_reject(5, 11, "no \"file\" string");
     expect_reject(6, 12, "empty caption");
@@ -176,6 +176,18 @@ TEST(Dataset, MetadataJsonlInTheFolderIsUsed) {
     EXPECT_EQ(scan.manifest_used, dir.file("metadata.jsonl"));
     ASSERT_EQ(scan.samples.size(), 1u);
     EXPECT_EQ(scan.samples[0].caption, "from meta");
+    // "prompt" is a caption column too; --caption_column picks another, naming it when missing.
+    write_file(dir.path() / "metadata.jsonl",
+               "{\"file_name\": \"a.png\", \"prompt\": \"a prompt\", \"alt\": \"alt text\"}\n"
+               "{\"file_name\": \"b.png\", \"prompt\": \"b prompt\"}\n");
+    EXPECT_EQ(scan_dataset(c).samples.at(0).caption, "a prompt");
+    c.caption_column = "alt";
+    const DatasetScan alt = scan_dataset(c);
+    ASSERT_EQ(alt.samples.size(), 1u);
+    EXPECT_EQ(alt.samples[0].caption, "alt text");
+    ASSERT_EQ(alt.rejects.size(), 1u);
+    EXPECT_NE(alt.rejects[0].second.find("no \"alt\" string (--caption_column)"), std::string::npos)
+        << alt.rejects[0].second;
 }
 
 TEST(Dataset, MissingInputsAreErrorsNamingThem) {

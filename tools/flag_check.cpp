@@ -21,9 +21,6 @@ constexpr const char* kNoHubData =
 constexpr const char* kNoPrior =
     "prior preservation (generated class images) is not built: train on your own images only";
 constexpr const char* kNoProdigy = "only AdamW is built (not Prodigy)";
-constexpr const char* kNoReport =
-    "reporting to TensorBoard or W&B is not built yet: every step's loss, learning rate, "
-    "gradient norm and peak memory go to OUTPUT_DIR/metrics.jsonl";
 constexpr const char* kNoValidation =
     "validation sampling is not built yet: the metrics are in OUTPUT_DIR/metrics.jsonl";
 
@@ -38,8 +35,6 @@ const std::map<std::string, std::string>& refused() {
         {"dataset_name", kNoHubData},
         {"dataset_config_name", kNoHubData},
         {"image_column", kNoHubData},
-        {"caption_column",
-         "not built yet: captions come from same-stem .txt files, --instance_prompt or --manifest"},
         {"repeats", "not built yet: each image is one sample per epoch"},
         {"with_prior_preservation", kNoPrior},
         {"class_data_dir", kNoPrior},
@@ -64,16 +59,10 @@ const std::map<std::string, std::string>& refused() {
         {"validation_prompt", kNoValidation},
         {"num_validation_images", kNoValidation},
         {"validation_epochs", kNoValidation},
-        {"report_to", kNoReport},
-        {"logging_dir", kNoReport},
         {"center_crop",
          "not built yet: images are resized to the nearest aspect bucket of --resolution's table "
          "and center-cropped to it"},
         {"random_flip", "not built yet: the latents are cached unflipped"},
-        {"max_sequence_length",
-         "not built yet: captions are encoded to 300 tokens (upstream's default)"},
-        {"complex_human_instruction",
-         "not built yet: prep always prepends Sana's default complex human instruction"},
     };
     return table;
 }
@@ -81,8 +70,8 @@ const std::map<std::string, std::string>& refused() {
 // "--name=value" and "--name" -> "name"; anything else -> "".
 std::string long_name(const std::string& arg) {
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) return "";
-    return arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
-                                                           : arg.find('=') - 2);
+    return arg.substr(2,
+                      arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
 }
 
 // " (FILE line N)" for a flag that came from a config file, else "".
@@ -140,8 +129,7 @@ std::string unknown_flags_message(const std::vector<std::string>& extras,
         }
         const std::string flag = arg.substr(0, arg.find('='));
         const std::string shown = flag + origin_of(flag, origins);
-        named.push_back(best.empty() ? shown
-                                     : fmt::format("{} (did you mean --{}?)", shown, best));
+        named.push_back(best.empty() ? shown : fmt::format("{} (did you mean --{}?)", shown, best));
     }
     if (named.empty()) return "";
     return fmt::format("unknown flag{}: {}", named.size() > 1 ? "s" : "", fmt::join(named, ", "));

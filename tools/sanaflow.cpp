@@ -225,6 +225,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     cmd->add_option("--log_every", o.log_every, "log the loss every N steps")
         ->check(integer_in(1, kMaxSteps))
         ->capture_default_str();
+    cmd->add_option("--report_to", o.report_to,
+                    "tensorboard: every step's metrics as TensorBoard events too (besides "
+                    "OUTPUT_DIR/metrics.jsonl); none")
+        ->capture_default_str();
+    cmd->add_option("--logging_dir", o.logging_dir,
+                    "where the TensorBoard events go, under OUTPUT_DIR unless absolute")
+        ->capture_default_str();
     cmd->add_flag("--cache_latents", c.cache_latents,
                   "accepted for upstream's spelling: latents and caption embeddings are always "
                   "cached (by prep)");
@@ -264,8 +271,13 @@ void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
         ->check(CLI::ExistingFile);
     cmd->add_option("--instance_prompt", o.instance_prompt,
                     "caption for every image (DreamBooth style)");
-    cmd->add_option("--resolution", o.resolution, "bucket table: 512, 1024, 2048 or 4096")
-        ->check(CLI::IsMember({512, 1024, 2048, 4096}))
+    cmd->add_option("--caption_column", o.caption_column,
+                    "the caption key of a manifest or metadata.jsonl (default: caption, text or "
+                    "prompt)");
+    cmd->add_option("--resolution", o.resolution,
+                    "Sana's aspect-ratio bucket table: 512, 1024, 2048 or 4096; another multiple "
+                    "of 32 takes the nearest")
+        ->check(integer_in(256, 8192))
         ->capture_default_str();
     cmd->add_option("--min_side", o.min_side,
                     "reject images with a smaller side (0: resolution / 4)")
@@ -317,6 +329,13 @@ void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--text_batch_size", o.text_batch_size, "captions per text-encoder forward")
         ->check(integer_in(1, 4096))
         ->capture_default_str();
+    cmd->add_option("--max_sequence_length", o.max_sequence_length, "caption tokens kept")
+        ->check(integer_in(1, 2048))
+        ->capture_default_str();
+    cmd->add_option("--complex_human_instruction", o.complex_human_instruction,
+                    "prepend an instruction to every caption: 'default' for Sana's own, a file "
+                    "(one entry per line) or the text itself; none by default, as upstream's "
+                    "script");
     cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();

@@ -359,8 +359,17 @@ void load_lora(nn::Module& root, const std::string& path) {
     for (const auto& name : names) {
         if (!wanted_names.count(name)) unexpected.push_back(name);
     }
-    const auto conflicts =
-        metadata_conflicts(file.metadata(), *adapters.front().second.config, path);
+    // A file written with bake_scale holds B x alpha / rank and says alpha = rank: into adapters
+    // of its trained alpha it loads as B again.
+    LoRAConfig expected = *adapters.front().second.config;
+    double unbake = 1.0;
+    const auto trained_alpha = file.metadata().find(kTrainedAlphaKey);
+    if (trained_alpha != file.metadata().end() &&
+        trained_alpha->second == fmt::format("{}", expected.alpha)) {
+        unbake = static_cast<double>(expected.rank) / expected.alpha;
+        expected.alpha = static_cast<double>(expected.rank);
+    }
+    const auto conflicts = metadata_conflicts(file.metadata(), expected, path);
     if (!missing.empty() || !misshaped.empty() || !unexpected.empty() || !conflicts.empty()) {
         std::string msg = fmt::format("LoRA weights {} do not fit the model's adapters:", path);
         append_list(msg, "missing", missing);
@@ -375,6 +384,9 @@ void load_lora(nn::Module& root, const std::string& path) {
         const auto& info = file.info(name);
         at::Tensor target = tensor;  // shares storage with the parameter
         target.copy_(storage::wrap_view({info.dtype, info.shape, file.view(name)}));
+        if (unbake != 1.0 && name.size() > 14 &&
+            name.compare(name.size() - 14, 14, ".lora_B.weight") == 0)
+            target.mul_(unbake);
     }
 }
 

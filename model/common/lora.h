@@ -83,8 +83,8 @@ std::vector<std::pair<std::string, at::Tensor>> lora_state_dict(
 // bake_scale: lora_B is written multiplied by alpha / rank and the metadata says alpha = rank
 // (the trained alpha kept as "sanaflow.trained_lora_alpha"), so every loader applies the same
 // update W + B A: diffusers v0.33.1 ignores lora_adapter_metadata and would otherwise scale by 1.
-// Such a file loads back (load_lora) into adapters with alpha = rank. Training's final file is
-// written this way.
+// Such a file loads back (load_lora) into adapters with alpha = rank, or with the trained alpha
+// (lora_B divided again). Training's final file and its checkpoints' are written this way.
 void save_lora(const torch::nn::Module& root, const std::string& path,
                const std::map<std::string, std::string>& metadata = {}, bool bake_scale = false);
 

@@ -6,15 +6,22 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/gemma/text_prompt.h"
 #include "pipelines/prep/prep_phases.h"
+#include "stages/image/aspect_buckets.h"
 #include "storage/cache_schema.h"
 
 namespace sf::pipelines {
+
+// --max_sequence_length at most: a text record of that many 4096-wide fp32 rows stays under the
+// reader's bound (storage/cache_schema.h, kMaxTextRecordBytes).
+constexpr int kMaxSequenceLength = 2048;
 namespace prep {
 
 std::string read_file(const std::string& path, int64_t max_bytes) {
@@ -79,6 +86,10 @@ void validate(const PrepOptions& o) {
     if (o.commit_batch < 1) throw Error::InvalidArgument("--commit_batch must be >= 1");
     if (o.min_side < 0) throw Error::InvalidArgument("--min_side must be >= 0");
     if (o.vae_batch_size < 1) throw Error::InvalidArgument("--vae_batch_size must be >= 1");
+    if (o.max_sequence_length < 1 || o.max_sequence_length > kMaxSequenceLength) {
+        throw Error::InvalidArgument(fmt::format("--max_sequence_length must be in [1, {}], got {}",
+                                                 kMaxSequenceLength, o.max_sequence_length));
+    }
     if (o.text_batch_size < 1) throw Error::InvalidArgument("--text_batch_size must be >= 1");
     if (o.model != "tiny" && o.pretrained_model_name_or_path.empty()) {
         throw Error::InvalidArgument(
@@ -108,6 +119,44 @@ Config encoder_config(const PrepOptions& o, const char* builtin, int batch_size)
     return c;
 }
 
+namespace {
+
+// --complex_human_instruction as encode_prompt's list: none, Sana's own ("default"), a file's
+// lines, or the text itself as one entry.
+std::vector<std::string> instruction_lines(const std::string& flag) {
+    if (flag.empty()) return {};
+    if (flag == "default") return model::sana_complex_human_instruction();
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(flag, ec)) return {flag};
+    std::ifstream in(flag);
+    if (!in) {
+        throw Error::IOError(
+            fmt::format("--complex_human_instruction {}: cannot read the file", flag));
+    }
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    if (lines.empty()) {
+        throw Error::InvalidArgument(
+            fmt::format("--complex_human_instruction {}: the file is empty", flag));
+    }
+    return lines;
+}
+
+}  // namespace
+
+// --resolution as the bucket table it maps to (any multiple of 32: the nearest table).
+PrepOptions with_bucket_table(const PrepOptions& given) {
+    PrepOptions o = given;
+    o.resolution = stages::nearest_bucket_resolution(given.resolution);
+    if (o.resolution != given.resolution) {
+        log_info(
+            "prep: --resolution {}: images go to the nearest of Sana's aspect-ratio bucket "
+            "tables, {}'s (each keeps its aspect ratio)",
+            given.resolution, o.resolution);
+    }
+    return o;
+}
+
 PrepStages make_stages(const PrepOptions& o) {
     PrepStages s;
     s.decode_config.resolution = o.resolution;
@@ -118,6 +167,8 @@ PrepStages make_stages(const PrepOptions& o) {
         auto config =
             encoder_config<stages::EncodeTextConfig>(o, "gemma-2-tiny", o.text_batch_size);
         config.offload = o.offload;
+        config.max_length = o.max_sequence_length;
+        config.complex_human_instruction = instruction_lines(o.complex_human_instruction);
         s.text = std::make_unique<stages::EncodeTextStage>(config);
     }
     if (o.vae && o.vae_kind == "wan") {
@@ -285,8 +336,9 @@ std::string PrepReport::reject_summary(size_t max_groups) const {
     return out;
 }
 
-PrepReport run_prep(const PrepOptions& o) {
+PrepReport run_prep(const PrepOptions& options) {
     using namespace prep;
+    const PrepOptions o = with_bucket_table(options);
     validate(o);
     const auto t0 = std::chrono::steady_clock::now();
     PrepReport report;
@@ -296,6 +348,7 @@ PrepReport run_prep(const PrepOptions& o) {
     dataset.instance_data_dir = o.instance_data_dir;
     dataset.manifest = o.manifest;
     dataset.instance_prompt = o.instance_prompt;
+    dataset.caption_column = o.caption_column;
     // Candidates by extension; each file is then classified by its content (index phase).
     for (const char* e :
          {"mp4", "mov", "m4v", "mkv", "webm", "avi", "mpg", "mpeg", "ts", "flv", "ogv", "gif"}) {

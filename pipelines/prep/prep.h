@@ -26,6 +26,7 @@ struct PrepOptions {
     std::string instance_data_dir;  // folder of images (+ same-stem .txt captions)
     std::string manifest;           // JSONL manifest; optional
     std::string instance_prompt;    // one caption for every image; optional
+    std::string caption_column;     // the manifest's caption key; "" caption, text or prompt
     std::string cache_dir;
     // Diffusers-layout directory (vae/, text_encoder/, tokenizer/); empty: built-in `model`.
     std::string pretrained_model_name_or_path;
@@ -39,6 +40,10 @@ struct PrepOptions {
     int max_in_flight = 0;  // token bound on decoded items; 0 = 4 x workers (>= VAE batch)
     int vae_batch_size = 4;
     int text_batch_size = 8;
+    int max_sequence_length = 300;  // caption tokens kept (Sana's and upstream's 300)
+    // Prepended to every caption: "" none (upstream's default), "default" Sana's own, a file (one
+    // entry per line) or the text itself.
+    std::string complex_human_instruction;
     int commit_batch = 64;  // records per LMDB transaction
     bool rebuild = false;   // drop a stage whose fingerprint differs, instead of refusing
     bool offload = false;   // text encoder weights on the host, one layer at a time on the device

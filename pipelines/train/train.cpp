@@ -18,7 +18,8 @@
 #include "graph/progress.h"
 #include "model/common/lora.h"
 #include "model/common/weights.h"
-#include "pipelines/train/metrics_log.h"
+#include "pipelines/train/report/metrics_log.h"
+#include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train_setup.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
@@ -72,6 +73,12 @@ void validate(const TrainOptions& o) {
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
     check_number("--caption_dropout", o.caption_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
     if (o.log_every < 1) throw Error::InvalidArgument("--log_every must be >= 1");
+    if (o.report_to != "tensorboard" && o.report_to != "none") {
+        throw Error::InvalidArgument(fmt::format(
+            "--report_to {}: only tensorboard (the default) and none are built; every step is in "
+            "OUTPUT_DIR/metrics.jsonl too",
+            o.report_to));
+    }
     if (o.joint_training_interval < 0)
         throw Error::InvalidArgument("--joint_training_interval must be >= 0 (0 turns it off)");
     check_number("--i2v_probability", o.i2v_probability, 0, 1, "in [0, 1]");
@@ -189,6 +196,23 @@ std::string save_final_weights(const TrainOptions& o, model::DiffusionTransforme
     return path;
 }
 
+// A checkpoint of the run; with LoRA it also holds the adapters as the final file does
+// (pytorch_lora_weights.safetensors, alpha / rank baked in), so a pipeline loads any checkpoint.
+std::string save_run_checkpoint(const TrainOptions& o, const training::RunParts& run,
+                                const std::vector<double>& losses, int64_t total_limit) {
+    train::CheckpointExtras lora;
+    if (o.rank > 0) {
+        lora = [&run](const std::string& dir) {
+            model::save_lora(run.step.model().module(),
+                             (fs::path(dir) / model::kLoraWeightName).string(), {},
+                             /*bake_scale=*/true);
+            return std::vector<std::string>{model::kLoraWeightName};
+        };
+    }
+    return train::save_checkpoint(o.output_dir, training::capture_state(run, losses), total_limit,
+                                  lora);
+}
+
 // Outside fp16 loss scaling, a step whose loss or gradient is not finite means the run has
 // diverged (every later step would be skipped too): stop, naming the step. fp16's scaler skips
 // such steps and lowers its scale. Nothing of the step is written, so `last_checkpoint` stays the
@@ -213,10 +237,8 @@ std::string save_final_weights_safely(const TrainOptions& o,
                                       const std::vector<double>& losses) {
     const int64_t step = run.step.steps_done();
     const bool asked = o.checkpointing_steps > 0 && step % o.checkpointing_steps == 0;
-    const std::string kept =
-        asked ? train::checkpoint_dir(o.output_dir, step)
-              : train::save_checkpoint(o.output_dir, training::capture_state(run, losses),
-                                       /*total_limit=*/0);
+    const std::string kept = asked ? train::checkpoint_dir(o.output_dir, step)
+                                   : save_run_checkpoint(o, run, losses, /*total_limit=*/0);
     std::string path;
     try {
         path = save_final_weights(o, transformer);
@@ -245,11 +267,34 @@ void write_summary(const TrainOptions& o, const TrainReport& report) {
                                summary.dump(2));
 }
 
-// The optimizer steps from where the run stands to max_train_steps: each logged, written to
-// metrics.jsonl, and checkpointed every --checkpointing_steps.
+// Where a run's step metrics go: metrics.jsonl always, TensorBoard with --report_to tensorboard
+// (on the rank that writes files).
+struct StepSinks {
+    std::optional<MetricsLog> jsonl;
+    std::optional<TensorBoardWriter> tensorboard;
+
+    void write(const StepMetrics& m) {
+        if (jsonl) jsonl->append(m);
+        if (!tensorboard) return;
+        std::vector<std::pair<std::string, double>> scalars = {
+            {"loss", m.loss},
+            {"lr", m.lr},
+            {"loss_scale", m.loss_scale},
+            {"step_seconds", m.seconds},
+            {"samples_per_second", m.seconds > 0 ? static_cast<double>(m.samples) / m.seconds : 0}};
+        if (m.grad_norm > 0) scalars.emplace_back("grad_norm", m.grad_norm);
+        for (const auto& [phase, bytes] : m.peak_bytes)
+            scalars.emplace_back("peak_memory_mib/" + phase,
+                                 static_cast<double>(bytes) / (1 << 20));
+        tensorboard->add_scalars(m.step, scalars);
+    }
+};
+
+// The optimizer steps from where the run stands to max_train_steps: each logged, written to the
+// sinks, and checkpointed every --checkpointing_steps.
 void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
-               std::optional<std::string>& last_checkpoint, MetricsLog* metrics) {
+               std::optional<std::string>& last_checkpoint, StepSinks& sinks) {
     train::TrainStep& trainer = run.step;
     at::Generator& gen = run.data_gen;
     const bool writes = trainer.gradient_sync().writes_files();
@@ -274,7 +319,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
         stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
         progress.advance(1);
-        if (metrics != nullptr) {
+        if (writes) {
             StepMetrics m;
             m.step = r.step;
             m.loss = r.loss;
@@ -287,7 +332,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
             m.samples = samples;
             for (const auto& [phase, peak] : trainer.phase_peaks())
                 m.peak_bytes[phase] = peak.tensor_bytes;
-            metrics->append(m);
+            sinks.write(m);
         }
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
             log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
@@ -298,9 +343,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
                                : "");
         }
         if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
-            last_checkpoint =
-                train::save_checkpoint(o.output_dir, training::capture_state(run, report.losses),
-                                       o.checkpoints_total_limit);
+            last_checkpoint = save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
             log_info("train: checkpoint {}", *last_checkpoint);
         }
     }
@@ -361,9 +404,14 @@ TrainReport train_loop(const TrainOptions& o, const train::TrainingSet& set, Sam
 
     mem::release_memory(
         "train before the first step");  // what setting up held (checkpoint reads, casts)
-    std::optional<MetricsLog> metrics;
-    if (writes) metrics.emplace(o.output_dir, report.first_step);
-    run_steps(o, set, samplers, run, report, last_checkpoint, metrics ? &*metrics : nullptr);
+    StepSinks sinks;
+    if (writes) {
+        sinks.jsonl.emplace(o.output_dir, report.first_step);
+        if (o.report_to == "tensorboard")
+            sinks.tensorboard.emplace(
+                (fs::path(o.output_dir) / o.logging_dir / "sanaflow").string());
+    }
+    run_steps(o, set, samplers, run, report, last_checkpoint, sinks);
 
     if (writes)
         report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);

@@ -79,6 +79,10 @@ struct TrainOptions {
     // Train without the samples whose records are damaged (reported), instead of refusing.
     bool skip_corrupt = false;
     int64_t log_every = 10;
+    // Every step's metrics also as TensorBoard events ("tensorboard", upstream's default) or not
+    // ("none"), under OUTPUT_DIR/<logging_dir>/sanaflow/ (an absolute logging_dir as it is).
+    std::string report_to = "tensorboard";
+    std::string logging_dir = "logs";
 };
 
 struct TrainReport {

@@ -46,6 +46,15 @@ const std::vector<std::string>& builtin_tokenizer_corpus() {
     return corpus;
 }
 
+// The instruction as the fingerprint names it: "none", "sana-default", or a hash of the text.
+std::string instruction_tag(const std::vector<std::string>& instruction) {
+    if (instruction.empty()) return "none";
+    if (instruction == model::sana_complex_human_instruction()) return "sana-default";
+    std::string joined;
+    for (const auto& line : instruction) joined += line + "\n";
+    return "custom-" + storage::fingerprint_hash({{"text", joined}});
+}
+
 model::GemmaTokenizer load_tokenizer(const EncodeTextConfig& config) {
     if (config.model.is_pretrained())
         return model::GemmaTokenizer::from_file(config.model.component_dir("tokenizer"));
@@ -89,7 +98,7 @@ public:
           }) {
         model::SanaPromptOptions options;
         options.max_sequence_length = config.max_length;
-        if (!config.complex_human_instruction) options.complex_human_instruction.clear();
+        options.complex_human_instruction = config.complex_human_instruction;
         prompt_ = std::make_unique<model::SanaPromptEncoder>(tokenizer_, encoder_.get(), options);
     }
 
@@ -141,7 +150,7 @@ EncodeTextStage::EncodeTextStage(EncodeTextConfig config) : config_(std::move(co
                           : "builtin-bpe-1024"},
         {"dtype", dtype_tag(dtype)},
         {"max_length", std::to_string(config_.max_length)},
-        {"instruction", config_.complex_human_instruction ? "sana-default" : "none"},
+        {"instruction", instruction_tag(config_.complex_human_instruction)},
         {"stored", "valid-prefix"},
     };
     fingerprint_hash_ = storage::fingerprint_hash(fingerprint_);

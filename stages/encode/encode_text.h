@@ -25,7 +25,10 @@ struct EncodeTextConfig {
     std::string mixed_precision = "no";
     int batch_size = 8;
     int max_length = 300;
-    bool complex_human_instruction = true;
+    // Prepended to every caption, one entry per line, as diffusers' encode_prompt takes it; empty:
+    // none (the default of diffusers' train_dreambooth_lora_sana.py).
+    // model::sana_complex_human_instruction() is Sana's own.
+    std::vector<std::string> complex_human_instruction;
     // Keep the encoder's weights in host memory and move one layer at a time to the device
     // (prep --offload): for a device smaller than the encoder. Same features, slower.
     bool offload = false;

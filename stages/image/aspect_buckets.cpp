@@ -76,6 +76,20 @@ bool is_bucket_resolution(int resolution) {
     return resolution == 512 || resolution == 1024 || resolution == 2048 || resolution == 4096;
 }
 
+int nearest_bucket_resolution(int resolution) {
+    if (resolution < 256 || resolution > 8192 || resolution % 32 != 0) {
+        throw Error::InvalidArgument("--resolution must be a multiple of 32 in [256, 8192], got " +
+                                     std::to_string(resolution));
+    }
+    int best = 512;
+    for (const int table : {512, 1024, 2048, 4096}) {
+        if (std::abs(std::log(static_cast<double>(resolution) / table)) <
+            std::abs(std::log(static_cast<double>(resolution) / best)))
+            best = table;
+    }
+    return best;
+}
+
 AspectBucketTable aspect_bucket_table(int resolution) {
     switch (resolution) {
         case 512:

@@ -28,6 +28,10 @@ struct AspectBucketTable {
     const AspectBucket* end() const { return buckets + size; }
 };
 AspectBucketTable aspect_bucket_table(int resolution);
+// The table a --resolution of any multiple of 32 maps to: the one nearest on a log scale (768 ->
+// 1024, 600 -> 512). kInvalidArgument naming --resolution unless it is a multiple of 32 in
+// [256, 8192].
+int nearest_bucket_resolution(int resolution);
 bool is_bucket_resolution(int resolution);
 
 // diffusers' classify_height_width_bin: the key with the smallest |ratio - height/width|; on a

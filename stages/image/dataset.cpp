@@ -252,9 +252,15 @@ void scan_manifest(const fs::path& manifest, const DatasetConfig& config, Datase
         }
         std::string caption = config.instance_prompt;
         if (caption.empty()) {
-            const nlohmann::json* field = string_field(object, {"caption", "text"});
+            const nlohmann::json* field =
+                config.caption_column.empty()
+                    ? string_field(object, {"caption", "text", "prompt"})
+                    : string_field(object, {config.caption_column.c_str()});
             if (field == nullptr) {
-                scan->rejects.emplace_back(source, "no \"caption\" string");
+                scan->rejects.emplace_back(
+                    source, config.caption_column.empty()
+                                ? std::string("no \"caption\", \"text\" or \"prompt\" string")
+                                : "no \"" + config.caption_column + "\" string (--caption_column)");
                 continue;
             }
             caption = field->get<std::string>();  // nlohmann has checked it is UTF-8

@@ -25,6 +25,9 @@ struct DatasetConfig {
     // When set, the caption of every image, in both folder and manifest mode; caption files
     // and manifest captions are then ignored and optional. This is DreamBooth's behaviour.
     std::string instance_prompt;
+    // The manifest key of the captions; empty: "caption", else "text", else "prompt" (the columns
+    // imagefolder metadata uses). diffusers' --caption_column.
+    std::string caption_column;
     // Case-insensitive, with or without the leading dot. Used in folder mode only: a manifest
     // names its files explicitly.
     std::vector<std::string> extensions = {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff"};

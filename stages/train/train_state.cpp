@@ -104,15 +104,19 @@ void verify(const fs::path& dir) {
         const std::string where = manifest_path.string();
         const auto files = parse_manifest_json(storage::read_file(where), where);
         for (const char* name : kFiles) {
-            const auto entry = files.find(name);
-            if (entry == files.end()) throw corrupt(where, fmt::format("lists no {}", name));
+            if (!files.count(name)) throw corrupt(where, fmt::format("lists no {}", name));
+        }
+        for (const auto& entry : files) {  // the extras too
+            const std::string& name = entry.first;
+            if (name.find('/') != std::string::npos || name.empty() || name[0] == '.')
+                throw corrupt(where, fmt::format("lists a file outside the checkpoint: {}", name));
             uint64_t bytes = 0;
             const std::string got = file_checksum(dir / name, &bytes);
-            if (bytes != entry->second.bytes || got != entry->second.xxh3_128) {
+            if (bytes != entry.second.bytes || got != entry.second.xxh3_128) {
                 throw corrupt((dir / name).string(),
                               fmt::format("{} bytes with checksum {}, the manifest says {} bytes "
                                           "with {}",
-                                          bytes, got, entry->second.bytes, entry->second.xxh3_128));
+                                          bytes, got, entry.second.bytes, entry.second.xxh3_128));
             }
         }
     }
@@ -126,7 +130,7 @@ std::string checkpoint_dir(const std::string& output_dir, int64_t step) {
 }
 
 std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
-                            int64_t total_limit) {
+                            int64_t total_limit, const CheckpointExtras& extras) {
     fs::create_directories(output_dir);
     const fs::path final_dir = checkpoint_dir(output_dir, state.step);
     const fs::path temp_dir =
@@ -148,9 +152,13 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
 
     storage::write_file_atomic((temp_dir / kStateFile).string(),
                                state_json(static_cast<const StateFields&>(state)));
+    std::vector<std::string> names(std::begin(kFiles), std::end(kFiles));
+    if (extras) {
+        for (const std::string& name : extras(temp_dir.string())) names.push_back(name);
+    }
     // Last: the sizes and checksums of everything above.
     std::map<std::string, ManifestEntry> files;
-    for (const char* name : kFiles) {
+    for (const std::string& name : names) {
         ManifestEntry& entry = files[name];
         entry.xxh3_128 = file_checksum(temp_dir / name, &entry.bytes);
     }

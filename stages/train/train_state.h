@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,10 +37,14 @@ struct TrainState : StateFields {
 // <output_dir>/checkpoint-<step>.
 std::string checkpoint_dir(const std::string& output_dir, int64_t step);
 
+// Writes more files into a checkpoint being written (its temporary directory) and returns their
+// names: they are listed in its manifest and verified with it (the LoRA file a pipeline loads).
+using CheckpointExtras = std::function<std::vector<std::string>(const std::string& dir)>;
+
 // Writes checkpoint-<state.step> under `output_dir` and returns its path. Then keeps only the
 // newest `total_limit` checkpoints (0 = keep all).
 std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
-                            int64_t total_limit);
+                            int64_t total_limit, const CheckpointExtras& extras = nullptr);
 
 // The newest checkpoint under `output_dir` that verifies; a newer damaged or incomplete one is
 // skipped with a warning naming what is wrong. nullopt when there is no checkpoint at all;

@@ -97,6 +97,18 @@ class Ecosystem(unittest.TestCase):
         self.assertGreater((theirs - base_out).abs().max().item(), 100 * ATOL)
         torch.testing.assert_close(theirs, ours, rtol=RTOL, atol=ATOL)
 
+    def test_tensorboard_reads_every_step_of_the_metrics(self):
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(str(self.lora_dir / "logs" / "sanaflow"))
+        events.Reload()
+        loss = events.Scalars("loss")
+        lines = [json.loads(l) for l in (self.lora_dir / "metrics.jsonl").read_text().splitlines()]
+        self.assertEqual([e.step for e in loss], [m["step"] for m in lines])
+        for e, m in zip(loss, lines):
+            self.assertAlmostEqual(e.value, m["loss"], places=5)
+        self.assertIn("lr", events.Tags()["scalars"])
+        self.assertIn("peak_memory_mib/backward", events.Tags()["scalars"])
+
     def test_the_cache_reads_as_the_format_document_says(self):
         doc = (SOURCE_DIR / "docs" / "cache-format.md").read_text()
         blocks = re.findall(r"```python\n(.*?)```", doc, re.S)

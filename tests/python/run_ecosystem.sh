@@ -8,7 +8,7 @@ if [ ! -x "$python" ]; then
   echo "ecosystem: skipped: no $root/.venv (bash tools/setup.sh makes it)"
   exit 77
 fi
-if ! "$python" -c "import diffusers, peft, lmdb, safetensors, xxhash, zstandard" 2>/dev/null; then
+if ! "$python" -c "import diffusers, peft, lmdb, safetensors, xxhash, zstandard, tensorboard" 2>/dev/null; then
   echo "ecosystem: skipped: $root/.venv lacks the packages of tools/python-requirements.txt"
   exit 77
 fi

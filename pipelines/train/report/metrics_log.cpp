@@ -1,4 +1,4 @@
-#include "pipelines/train/metrics_log.h"
+#include "pipelines/train/report/metrics_log.h"
 
 #include <fmt/format.h>
 
@@ -58,7 +58,9 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::append(const StepMetrics& m) {
-    auto finite_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    auto finite_or_null = [](double v) {
+        return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+    };
     nlohmann::json j;
     j["step"] = m.step;
     j["loss"] = finite_or_null(m.loss);

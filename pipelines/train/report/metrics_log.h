@@ -14,7 +14,6 @@
 #include <map>
 #include <string>
 
-
 namespace sf::pipelines {
 
 constexpr const char* kMetricsFile = "metrics.jsonl";
