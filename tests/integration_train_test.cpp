@@ -2,6 +2,7 @@
 // falls, a run killed with SIGKILL and resumed ends exactly where an uninterrupted run does, LoRA
 // saves adapters only, and a checkpoint made with other settings is refused.
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
 #include <sstream>
 #include <thread>
 
@@ -590,6 +592,44 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     EXPECT_EQ(t.logging_dir, "logs");
 }
 
+// `sanaflow plot` draws metrics.jsonl into three panels (loss, learning rate, peak memory): each
+// holds its curves' colours; without metrics it names the file.
+TEST(TrainCli, PlotDrawsTheMetricsIntoAPng) {
+    TempDir tmp("sf_plot");
+    std::string lines;
+    for (int step = 1; step <= 50; ++step) {
+        lines += fmt::format(
+            "{{\"step\": {}, \"loss\": {}, \"lr\": {}, \"peak_bytes\": {{\"forward\": {}, "
+            "\"backward\": {}}}}}\n",
+            step, 1.0 / step, 1e-4 * step / 50, 100 << 20, (150 + step) << 20);
+    }
+    sf::test::write_file(tmp.path() / "metrics.jsonl", lines + "{\"step\": 51, \"lo");  // torn
+    const auto r = sf::test::run_command(kSanaflow + " plot " + tmp.path().string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const cv::Mat png = cv::imread(tmp.file("metrics.png"));
+    ASSERT_FALSE(png.empty());
+    EXPECT_EQ(png.cols, 960);
+    EXPECT_EQ(png.rows, 3 * 260);
+    // Every panel has drawn (non-grey) pixels: curves, not only axes and text.
+    for (int panel = 0; panel < 3; ++panel) {
+        const cv::Mat part = png.rowRange(panel * 260 + 30, panel * 260 + 230).colRange(91, 939);
+        int coloured = 0;
+        for (int y = 0; y < part.rows; ++y) {
+            for (int x = 0; x < part.cols; ++x) {
+                const cv::Vec3b p = part.at<cv::Vec3b>(y, x);
+                if (std::max({p[0], p[1], p[2]}) - std::min({p[0], p[1], p[2]}) > 60) ++coloured;
+            }
+        }
+        EXPECT_GT(coloured, 100) << "panel " << panel;
+    }
+    const auto none = sf::test::run_command(kSanaflow + " plot " + tmp.file("nowhere"));
+    EXPECT_EQ(none.exit_code, 2) << none.output;
+    fs::create_directories(tmp.path() / "empty");
+    const auto empty = sf::test::run_command(kSanaflow + " plot " + tmp.file("empty"));
+    EXPECT_EQ(empty.exit_code, 2) << empty.output;
+    EXPECT_NE(empty.output.find("metrics.jsonl"), std::string::npos) << empty.output;
+}
+
 // TFRecord's checksum is CRC-32C; its check value (the CRC of "123456789") is 0xE3069283.
 TEST(TensorBoard, EventFilesAreChecksummedRecords) {
     EXPECT_EQ(sf::pipelines::crc32c("123456789", 9), 0xE3069283u);
@@ -653,6 +693,7 @@ TEST(TrainCli, TheGuidesLaunchLineRunsAsOneCommand) {
     EXPECT_TRUE(fs::exists(out + "/pytorch_lora_weights.safetensors")) << "LoRA by default";
     EXPECT_FALSE(fs::exists(out + "/transformer"));
     EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
+    EXPECT_TRUE(fs::exists(out + "/metrics.png")) << "the plot is written at the end";
     // Again: the prep part finds everything cached and loads no encoder.
     auto again = sf::test::run_command(kSanaflow + " train" + precision + rest);
     EXPECT_EQ(again.exit_code, 0) << again.output;

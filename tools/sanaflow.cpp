@@ -24,6 +24,7 @@
 #if defined(SANAFLOW_WITH_MEDIA)
 #include "tools/demo_data.h"
 #include "tools/demo_video.h"
+#include "tools/plot.h"
 #endif
 
 namespace {
@@ -410,8 +411,25 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         sf::log_info(
             "train: --offload: training from a cache loads no encoder, so none is offloaded");
     }
-    std::cout << train_summary(sf::pipelines::run_train(o));
+    const auto report = sf::pipelines::run_train(o);
+    std::cout << train_summary(report);
+#if defined(SANAFLOW_WITH_MEDIA)
+    if (!report.weights_path.empty())
+        std::cout << "plot: " << sf::tools::plot_metrics(o.output_dir) << "\n";
+#endif
     return 0;
+}
+
+// `sanaflow plot OUTPUT_DIR`.
+int run_plot_command(const std::string& output_dir) {
+#if defined(SANAFLOW_WITH_MEDIA)
+    std::cout << sf::tools::plot_metrics(output_dir) << "\n";
+    return kExitOk;
+#else
+    (void)output_dir;
+    throw sf::Error::InvalidArgument(
+        "this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: plot needs OpenCV");
+#endif
 }
 
 int run_inspect_command(const std::string& cache, bool verify) {
@@ -590,6 +608,14 @@ int main(int argc, char** argv) {
             "a YAML file of this command's flags, key: value per line; typed flags win");
     }
 
+    std::string plot_dir;
+    auto* plot_cmd = app.add_subcommand(
+        "plot",
+        "draw OUTPUT_DIR/metrics.jsonl (loss, learning rate, peak memory) into metrics.png");
+    plot_cmd->add_option("output_dir", plot_dir, "a training run's output directory")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+
     auto* models_cmd = app.add_subcommand(
         "models", "list the built-in model configurations and their parameter counts");
 
@@ -605,7 +631,7 @@ int main(int argc, char** argv) {
 
     // -q and -v after the subcommand too; unknown flags are collected (below), not the first one
     // alone.
-    for (CLI::App* cmd : {prep_cmd, inspect_cmd, train_cmd, models_cmd, demo_cmd}) {
+    for (CLI::App* cmd : {prep_cmd, inspect_cmd, train_cmd, plot_cmd, models_cmd, demo_cmd}) {
         cmd->fallthrough();
         cmd->allow_extras();
     }
@@ -640,6 +666,7 @@ int main(int argc, char** argv) {
         if (*inspect_cmd) return run_inspect_command(inspect_dir, verify);
         if (*train_cmd) return run_train_command(train, train_extra);
         if (*demo_cmd) return run_demo_command(demo_dir, demo_images);
+        if (*plot_cmd) return run_plot_command(plot_dir);
         if (*models_cmd) {
             std::cout << sf::pipelines::models_table();
             return 0;

@@ -75,9 +75,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     std::filesystem::create_directories(dir);
     char host[256] = "localhost";
     ::gethostname(host, sizeof(host) - 1);
-    path_ = (std::filesystem::path(dir) /
-             fmt::format("events.out.tfevents.{}.{}.{}", static_cast<int64_t>(now_seconds()),
-                         host, ::getpid()))
+    path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}",
+                                                      static_cast<int64_t>(now_seconds()), host,
+                                                      ::getpid()))
                 .string();
     file_ = std::fopen(path_.c_str(), "wb");
     if (file_ == nullptr) {
