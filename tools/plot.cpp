@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 constexpr int kWidth = 960, kPanelHeight = 260, kLeft = 90, kRight = 20, kTop = 30, kBottom = 30;
 const cv::Scalar kWhite(255, 255, 255), kGrid(225, 225, 225), kText(40, 40, 40);
 // One colour per curve (BGR).
-const cv::Scalar kColours[] = {{180, 119, 31}, {14, 127, 255}, {44, 160, 44},
+const cv::Scalar kColours[] = {{180, 119, 31}, {14, 127, 255},  {44, 160, 44},
                                {40, 39, 214},  {189, 103, 148}, {75, 86, 140}};
 
 struct Series {
@@ -49,7 +49,9 @@ void draw_panel(cv::Mat& image, int y0, const std::string& title, const std::vec
         const double span = std::max(1.0, last_step - first_step);
         return x_left + static_cast<int>((step - first_step) / span * (x_right - x_left));
     };
-    auto py = [&](double v) { return y_bottom - static_cast<int>((v - lo) / (hi - lo) * (y_bottom - y_top)); };
+    auto py = [&](double v) {
+        return y_bottom - static_cast<int>((v - lo) / (hi - lo) * (y_bottom - y_top));
+    };
     for (int k = 0; k <= 4; ++k) {
         const double v = lo + (hi - lo) * k / 4;
         cv::line(image, {x_left, py(v)}, {x_right, py(v)}, kGrid, 1);
@@ -64,8 +66,8 @@ void draw_panel(cv::Mat& image, int y0, const std::string& title, const std::vec
     cv::putText(image, fmt::format("step {:.0f}", last_step), {x_right - 80, y_bottom + 18},
                 cv::FONT_HERSHEY_SIMPLEX, 0.4, kText, 1, cv::LINE_AA);
     int baseline = 0;
-    int legend_x = x_left + 30 +
-                   cv::getTextSize(title, cv::FONT_HERSHEY_SIMPLEX, 0.55, 1, &baseline).width;
+    int legend_x =
+        x_left + 30 + cv::getTextSize(title, cv::FONT_HERSHEY_SIMPLEX, 0.55, 1, &baseline).width;
     for (size_t i = 0; i < series.size(); ++i) {
         const cv::Scalar colour = kColours[i % std::size(kColours)];
         const auto& pts = series[i].points;
@@ -73,7 +75,8 @@ void draw_panel(cv::Mat& image, int y0, const std::string& title, const std::vec
             cv::line(image, {px(pts[k - 1].first), py(pts[k - 1].second)},
                      {px(pts[k].first), py(pts[k].second)}, colour, 2, cv::LINE_AA);
         }
-        if (pts.size() == 1) cv::circle(image, {px(pts[0].first), py(pts[0].second)}, 3, colour, -1);
+        if (pts.size() == 1)
+            cv::circle(image, {px(pts[0].first), py(pts[0].second)}, 3, colour, -1);
         cv::line(image, {legend_x, y0 + 15}, {legend_x + 20, y0 + 15}, colour, 2);
         cv::putText(image, series[i].name, {legend_x + 24, y0 + 19}, cv::FONT_HERSHEY_SIMPLEX, 0.4,
                     kText, 1, cv::LINE_AA);
@@ -110,7 +113,8 @@ std::string plot_metrics(const std::string& output_dir) {
             for (double w : window) sum += w;
             mean.points.emplace_back(step, sum / static_cast<double>(window.size()));
         }
-        if (j.contains("lr") && j["lr"].is_number()) lr.points.emplace_back(step, j["lr"].get<double>());
+        if (j.contains("lr") && j["lr"].is_number())
+            lr.points.emplace_back(step, j["lr"].get<double>());
         if (j.contains("peak_bytes") && j["peak_bytes"].is_object()) {
             for (const auto& [phase, bytes] : j["peak_bytes"].items()) {
                 if (!bytes.is_number()) continue;

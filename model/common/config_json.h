@@ -7,6 +7,7 @@
 // Torch-free: the configs that use it are read by the planner and `sanaflow models` too.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,13 @@ constexpr size_t kConfigValueExcerpt = storage::kJsonExcerpt;
 // the rest: model/common/checked_count.h).
 constexpr int64_t kMaxConfigInteger = (int64_t{1} << 31) - 1;
 using storage::json_excerpt;
+
+// True when int(ratio * width), a feed-forward width as upstream's int() truncates it, is in
+// [1, kMaxConfigInteger]: checked before the cast, which is undefined out of int64's range.
+inline bool ratio_width_fits(double ratio, int64_t width) {
+    const double w = ratio * static_cast<double>(width);
+    return std::isfinite(ratio) && ratio > 0.0 && w >= 1.0 && w <= kMaxConfigInteger;
+}
 
 // Parses config text that must be a JSON object. kInvalidArgument naming `where`: "not valid
 // JSON", "not a JSON object", or a nesting deeper than kMaxConfigJsonDepth.

@@ -86,11 +86,7 @@ void SanaTransformerConfig::validate(const std::string& where) const {
                         inner_dim(), cross_attention_dim));
     require(caption_channels > 0, "caption_channels",
             fmt::format("must be positive, is {}", caption_channels));
-    // Bounded before ff_hidden_dim() casts it (a cast out of int64's range is undefined).
-    require(std::isfinite(mlp_ratio) && mlp_ratio > 0.0 &&
-                mlp_ratio * static_cast<double>(inner_dim()) <= kMaxConfigInteger &&
-                ff_hidden_dim() > 0,
-            "mlp_ratio",
+    require(ratio_width_fits(mlp_ratio, inner_dim()), "mlp_ratio",
             fmt::format("must give a positive feed-forward width of at most {}, is {}",
                         kMaxConfigInteger, mlp_ratio));
     require(dropout >= 0.0 && dropout < 1.0, "dropout",

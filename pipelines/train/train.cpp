@@ -267,6 +267,26 @@ void write_summary(const TrainOptions& o, const TrainReport& report) {
                                summary.dump(2));
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A step's line of metrics.jsonl.
+StepMetrics step_metrics(const train::StepResult& r, double seconds, int64_t samples,
+                         const std::map<std::string, train::PhasePeak>& peaks) {
+    StepMetrics m;
+    m.step = r.step;
+    m.loss = r.loss;
+    m.lr = r.lr;
+    m.grad_norm = r.grad_norm;
+    m.loss_scale = r.loss_scale;
+    m.skipped = r.skipped;
+    m.seconds = seconds;
+    m.samples = samples;
+    for (const auto& [phase, peak] : peaks) m.peak_bytes[phase] = peak.tensor_bytes;
+    return m;
+}
+
 // Where a run's step metrics go: metrics.jsonl always, TensorBoard with --report_to tensorboard
 // (on the rank that writes files).
 struct StepSinks {
@@ -320,19 +340,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
         report.losses.push_back(r.loss);
         progress.advance(1);
         if (writes) {
-            StepMetrics m;
-            m.step = r.step;
-            m.loss = r.loss;
-            m.lr = r.lr;
-            m.grad_norm = r.grad_norm;
-            m.loss_scale = r.loss_scale;
-            m.skipped = r.skipped;
-            m.seconds =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            m.samples = samples;
-            for (const auto& [phase, peak] : trainer.phase_peaks())
-                m.peak_bytes[phase] = peak.tensor_bytes;
-            sinks.write(m);
+            sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
         }
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
             log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
@@ -424,13 +432,34 @@ TrainReport train_loop(const TrainOptions& o, const train::TrainingSet& set, Sam
     report.steps = trainer.steps_done();
     report.skipped_steps = trainer.scaler().skipped_steps();
     if (writes) write_summary(o, report);
-    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report.seconds = seconds_since(t0);
     report.phase_table = trainer.phase_table();
     report.memory_marks = memlog.table();
     return report;
 }
 
 }  // namespace
+
+std::string TrainReport::summary() const {
+    const TrainReport& r = *this;
+    auto mean = [&](size_t from, size_t to) {
+        double sum = 0;
+        for (size_t i = from; i < to; ++i) sum += r.losses[i];
+        return to > from ? sum / static_cast<double>(to - from) : 0.0;
+    };
+    const size_t n = r.losses.size(), k = std::min<size_t>(5, n);
+    std::string out = fmt::format(
+        "trained {} steps ({} this run, {} skipped) of {} trainable parameters in {:.1f} s\n",
+        r.steps, r.steps - r.first_step, r.skipped_steps, r.trainable_parameters, r.seconds);
+    out += fmt::format("loss: first {} steps {:.4f}, last {} steps {:.4f}\n", k, mean(0, k), k,
+                       mean(n - k, n));
+    if (r.damaged_samples > 0) {
+        out += fmt::format("damaged samples left out (--skip_corrupt): {}\n", r.damaged_samples);
+    }
+    out += "weights: " + r.weights_path + "\n";
+    out += "peak memory per phase:\n" + r.phase_table;
+    return out;
+}
 
 TrainReport run_train(const TrainOptions& options) {
     validate(options);

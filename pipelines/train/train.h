@@ -99,6 +99,10 @@ struct TrainReport {
     std::string phase_table;   // per-phase peak memory
     std::string memory_marks;  // the memory log of the run
     int64_t trainable_parameters = 0;
+
+    // What the command prints at the end: steps, loss at the start and the end, the weights,
+    // the per-phase peaks.
+    std::string summary() const;
 };
 
 // Throws sf::Error on bad options, a cache without samples, a checkpoint that does not match the

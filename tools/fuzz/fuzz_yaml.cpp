@@ -1,6 +1,6 @@
 // The --config YAML file of prep and train, expanded into flags.
 #include "fuzz_util.h"
-#include "tools/yaml_config.h"
+#include "tools/cli/yaml_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string path = sf::fuzz::scratch_file("c.yaml", sf::fuzz::as_text(data, size));

@@ -1,4 +1,4 @@
-#include "tools/demo_data.h"
+#include "tools/demo/demo_data.h"
 
 #include <filesystem>
 #include <fstream>

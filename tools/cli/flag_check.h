@@ -15,7 +15,7 @@
 
 namespace sf::tools {
 
-// Where a flag came from when not typed: "--key" -> "FILE line N" (tools/yaml_config.h).
+// Where a flag came from when not typed: "--key" -> "FILE line N" (tools/cli/yaml_config.h).
 using FlagOrigins = std::map<std::string, std::string>;
 
 // One line per flag in `args` ("--name" or "--name=value") that upstream's script has and this

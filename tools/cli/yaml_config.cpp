@@ -1,4 +1,4 @@
-#include "tools/yaml_config.h"
+#include "tools/cli/yaml_config.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>

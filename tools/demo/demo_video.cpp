@@ -1,4 +1,4 @@
-#include "tools/demo_video.h"
+#include "tools/demo/demo_video.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "tools/flag_check.h"
+#include "tools/cli/flag_check.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,198 @@
+#include "tools/cli/train_flags.h"
+
+#include "tools/cli/flag_values.h"
+
+namespace sf::tools {
+namespace {
+
+using pipelines::TrainOptions;
+
+// The transformer to train and where its data and outputs are.
+void add_model_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_option("--cache_dir", o.cache_dir,
+                    "a cache made by sanaflow prep; with --instance_data_dir, where prep writes it "
+                    "first [OUTPUT_DIR/cache]");
+    cmd->add_option("--output_dir", o.output_dir,
+                    "checkpoints, metrics.jsonl and the final weights")
+        ->capture_default_str();
+    cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
+                    "diffusers-layout directory (or its transformer/) to fine-tune");
+    cmd->add_option("--transformer_config", o.transformer_config,
+                    "a transformer config.json to train from scratch with seeded weights");
+    cmd->add_option("--model", o.model, "built-in transformer when no weights are given")
+        ->capture_default_str();
+    cmd->add_option("--seed", o.seed, "seed of weights, data order, noise")
+        ->check(integer_in(0, kMaxSeed))
+        ->capture_default_str();
+    cmd->add_option("--device", o.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+}
+
+// The memory remedies.
+void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    cmd->add_option("--mixed_precision", o.mixed_precision,
+                    "autocast dtype: no, bf16 or fp16 (with loss scaling)")
+        ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+        ->capture_default_str();
+    cmd->add_flag("--allow_tf32", o.allow_tf32, "TF32 matmuls and convolutions on CUDA");
+    cmd->add_flag("--gradient_checkpointing", c.checkpointing,
+                  "recompute transformer blocks in backward");
+    cmd->add_option("--gradient_checkpointing_every", c.checkpointing_every,
+                    "with --gradient_checkpointing: recompute every k-th block")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--attention", o.attention,
+                    "cross-attention: dense, chunked (exact, memory linear in tokens) or fused "
+                    "(SDPA where LibTorch has it)")
+        ->check(CLI::IsMember({"dense", "chunked", "fused"}))
+        ->capture_default_str();
+    cmd->add_flag("--fused_backward_pass", o.fused_backward_pass,
+                  "update each weight as soon as its gradient is complete and free the gradient");
+}
+
+// Batches, steps, the learning-rate schedule and AdamW.
+void add_optimizer_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    cmd->add_option("--train_batch_size", o.train_batch_size,
+                    "samples per micro-batch (one bucket)")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
+                    "micro-batches per optimizer step")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--max_train_steps", o.max_train_steps,
+                    "optimizer steps; 0: --num_train_epochs over the cache")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--num_train_epochs", o.num_train_epochs,
+                    "passes over the cache when --max_train_steps is not given")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
+    cmd->add_flag("--scale_lr", o.scale_lr,
+                  "multiply the learning rate by the batch size and the accumulation steps");
+    cmd->add_option("--lr_scheduler", o.lr_scheduler,
+                    "constant, constant_with_warmup, linear, cosine, cosine_with_restarts or "
+                    "polynomial")
+        ->capture_default_str();
+    cmd->add_option("--lr_warmup_steps", o.lr_warmup_steps)
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--lr_num_cycles", o.lr_num_cycles, "cosine_with_restarts: hard restarts")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--lr_power", o.lr_power, "polynomial: the decay's power")
+        ->capture_default_str();
+    cmd->add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping; 0 turns it off")
+        ->capture_default_str();
+    cmd->add_option("--adam_weight_decay", o.adam_weight_decay)->capture_default_str();
+    cmd->add_option("--adam_beta1", o.adam_beta1)->capture_default_str();
+    cmd->add_option("--adam_beta2", o.adam_beta2)->capture_default_str();
+    cmd->add_option("--adam_epsilon", o.adam_epsilon)->capture_default_str();
+    cmd->add_option("--optimizer", c.optimizer, "AdamW (the only one built)")
+        ->check(CLI::IsMember({"AdamW", "adamw"}))
+        ->capture_default_str();
+}
+
+// The flow-matching objective.
+void add_objective_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_option("--caption_dropout", o.caption_dropout,
+                    "probability of training on the empty prompt")
+        ->capture_default_str();
+    cmd->add_option("--flow_shift", o.flow_shift, "the flow-matching schedule's shift")
+        ->capture_default_str();
+    cmd->add_option("--weighting_scheme", o.weighting_scheme,
+                    "timestep density and loss weighting, as upstream: none (uniform), "
+                    "logit_normal, mode, sigma_sqrt or cosmap")
+        ->check(CLI::IsMember({"none", "logit_normal", "mode", "sigma_sqrt", "cosmap", "uniform"}))
+        ->capture_default_str();
+    cmd->add_option("--logit_mean", o.logit_mean, "logit_normal: the mean")->capture_default_str();
+    cmd->add_option("--logit_std", o.logit_std, "logit_normal: the standard deviation")
+        ->capture_default_str();
+    cmd->add_option("--mode_scale", o.mode_scale, "mode: the scale")->capture_default_str();
+}
+
+// LoRA or the full transformer.
+void add_lora_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    cmd->add_option("--rank", o.rank,
+                    "LoRA rank: LoRA adapters are trained by default, as upstream; 0 (or "
+                    "--full_finetune) trains every weight of the transformer")
+        ->check(integer_in(0, 65536))
+        ->capture_default_str();
+    cmd->add_flag("--full_finetune", c.full_finetune,
+                  "train every weight of the transformer (the same as --rank 0)");
+    cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")
+        ->capture_default_str();
+    cmd->add_option("--lora_layers,--lora_target_modules", o.lora_target_modules,
+                    "comma-separated Linear names to adapt")
+        ->capture_default_str();
+}
+
+// Checkpoints, resume, damaged data, logging and reporting.
+void add_run_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    cmd->add_option("--checkpointing_steps", o.checkpointing_steps,
+                    "save a resumable checkpoint every N steps (0: never)")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--checkpoints_total_limit", o.checkpoints_total_limit,
+                    "keep the newest N checkpoints (0: all)")
+        ->check(integer_in(0, 1'000'000'000))
+        ->capture_default_str();
+    cmd->add_option("--resume_from_checkpoint", o.resume_from_checkpoint,
+                    "latest, or a checkpoint directory");
+    cmd->add_flag("--skip_corrupt", o.skip_corrupt,
+                  "train without the samples whose cache records are damaged (counted at the end) "
+                  "instead of refusing");
+    cmd->add_flag("--allow_new_data", o.allow_new_data,
+                  "resume on another cache than the checkpoint's (other samples, resolution or "
+                  "encoder weights)");
+    cmd->add_option("--log_every", o.log_every, "log the loss every N steps")
+        ->check(integer_in(1, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--report_to", o.report_to,
+                    "tensorboard: every step's metrics as TensorBoard events too (besides "
+                    "OUTPUT_DIR/metrics.jsonl); none")
+        ->capture_default_str();
+    cmd->add_option("--logging_dir", o.logging_dir,
+                    "where the TensorBoard events go, under OUTPUT_DIR unless absolute")
+        ->capture_default_str();
+    cmd->add_flag("--cache_latents", c.cache_latents,
+                  "accepted for upstream's spelling: latents and caption embeddings are always "
+                  "cached (by prep)");
+    cmd->add_flag("--upcast_before_saving", c.upcast_before_saving,
+                  "accepted for upstream's spelling: trained weights are kept and saved in fp32 "
+                  "(mixed precision is autocast)");
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+    add_model_flags(cmd, o);
+    add_remedy_flags(cmd, o, c);
+    add_optimizer_flags(cmd, o, c);
+    add_objective_flags(cmd, o);
+    add_lora_flags(cmd, o, c);
+    add_run_flags(cmd, o, c);
+}
+
+void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_option("--joint_training_interval", o.joint_training_interval,
+                    "video caches: every k-th step trains on a batch of images (one-frame "
+                    "windows) instead of video windows; 0 mixes them by bucket")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--i2v_probability", o.i2v_probability,
+                    "video caches: chance that a video batch is image-to-video (latent frame 0 "
+                    "kept clean at timestep 0 and out of the loss)")
+        ->capture_default_str();
+    cmd->add_option("--ff_chunk_frames", o.ff_chunk_frames,
+                    "video caches: run the feed-forward over k latent frames at a time, each "
+                    "chunk recomputed in backward (its 6x-wide hidden activations never whole); "
+                    "0 off")
+        ->check(integer_in(0, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--chunk_index", o.chunk_index,
+                    "video caches: latent frames where timestep chunks start, e.g. 0,3,6 (each "
+                    "chunk draws its own timestep)");
+}
+
+}  // namespace sf::tools
