@@ -52,9 +52,9 @@ void run_demo_video(const fs::path& root) {
     t.ff_chunk_frames = 1;
     std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir "
               << t.output_dir
-              << " --max_train_steps 20 --train_batch_size 2 --learning_rate 1e-3 "
-                 "--gradient_checkpointing --i2v_probability 0.3 --ff_chunk_frames 1 "
-                 "--checkpointing_steps 0\n";
+              << " --full_finetune --max_train_steps 20 --train_batch_size 2 --learning_rate 1e-3 "
+                 "--lr_warmup_steps 0 --gradient_checkpointing --i2v_probability 0.3 "
+                 "--ff_chunk_frames 1 --checkpointing_steps 0\n";
     std::cout << sf::pipelines::run_train(t).summary();
 }
 
@@ -99,7 +99,8 @@ int run_demo(const std::string& out_dir, int num_images) {
     t.caption_dropout = 0.1;
     std::cout
         << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir " << t.output_dir
-        << " --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 --lr_scheduler "
+        << " --full_finetune --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 "
+           "--lr_scheduler "
            "constant_with_warmup"
            " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
            " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
