@@ -592,6 +592,30 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     EXPECT_EQ(t.logging_dir, "logs");
 }
 
+// A resumed run trains the steps after its checkpoint again: metrics.jsonl keeps each step once
+// (the earlier run's lines past the checkpoint dropped, a torn last line too), in order.
+TEST(TrainIntegration, MetricsHoldEachStepOnceAcrossAResume) {
+    TempDir out("sf_train_metrics");
+    auto o = train_options(out.file("run"));
+    o.max_train_steps = 6;
+    o.checkpointing_steps = 3;
+    sf::pipelines::run_train(o);
+    const std::string path = out.file("run/metrics.jsonl");
+    sf::test::write_file(path, sf::test::read_file(path) + "{\"step\": 7, \"lo");  // torn
+    o.resume_from_checkpoint = out.file("run/checkpoint-3");
+    const auto resumed = sf::pipelines::run_train(o);
+    std::istringstream lines(sf::test::read_file(path));
+    std::vector<int64_t> steps;
+    std::vector<double> losses;
+    for (std::string line; std::getline(lines, line);) {
+        const auto j = nlohmann::json::parse(line);
+        steps.push_back(j.at("step").get<int64_t>());
+        losses.push_back(j.at("loss").get<double>());
+    }
+    EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(losses, resumed.losses);  // steps 4-6 are the resumed run's
+}
+
 // `sanaflow plot` draws metrics.jsonl into three panels (loss, learning rate, peak memory): each
 // holds its curves' colours; without metrics it names the file.
 TEST(TrainCli, PlotDrawsTheMetricsIntoAPng) {
