@@ -287,8 +287,8 @@ StepMetrics step_metrics(const train::StepResult& r, double seconds, int64_t sam
     return m;
 }
 
-// Where a run's step metrics go: metrics.jsonl always, TensorBoard with --report_to tensorboard
-// (on the rank that writes files).
+// Where a run's step metrics go: metrics.jsonl always, TensorBoard with --report_to tensorboard;
+// both empty on a rank that writes no files.
 struct StepSinks {
     std::optional<MetricsLog> jsonl;
     std::optional<TensorBoardWriter> tensorboard;
@@ -339,9 +339,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
         stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
         progress.advance(1);
-        if (writes) {
-            sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
-        }
+        sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
             log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
                      r.loss, r.lr,

@@ -8,6 +8,46 @@ namespace sf::tools {
 
 using pipelines::PrepOptions;
 
+namespace {
+
+// The VAE and how clips become windows (musubi-tuner's window flags).
+void add_video_flags(CLI::App* cmd, PrepOptions& o) {
+    cmd->add_option("--vae", o.vae_kind,
+                    "dc-ae (Sana's image VAE) or wan (Wan2.1's video VAE: clips become windows of "
+                    "video latents, images one-frame videos)")
+        ->check(CLI::IsMember({"dc-ae", "wan"}))
+        ->capture_default_str();
+    cmd->add_option("--video_fps", o.video_fps,
+                    "frame rate clips are decoded at, by timestamps (0: each clip's own)")
+        ->check(CLI::Range(0.0, 1000.0))
+        ->capture_default_str();
+    cmd->add_option_function<std::string>(
+           "--frame_extraction",
+           [&o](const std::string& mode) {
+               o.windows.frame_extraction = sf::stages::parse_frame_extraction(mode);
+           },
+           "windows of a clip: head (the first), chunk (consecutive), slide (every "
+           "--frame_stride frames), uniform (--frame_sample spread over the clip), full (the "
+           "whole clip, up to --max_frames) [head]")
+        ->check(CLI::IsMember({"head", "chunk", "slide", "uniform", "full"}));
+    cmd->add_option("--target_frames", o.windows.target_frames,
+                    "window lengths, each 1 + 4k, e.g. 1,25,45,81")
+        ->delimiter(',')
+        ->check(integer_in(1, 100'001))
+        ->capture_default_str();
+    cmd->add_option("--frame_stride", o.windows.frame_stride, "slide: frames between windows")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--frame_sample", o.windows.frame_sample, "uniform: windows per length")
+        ->check(integer_in(1, 10'000))
+        ->capture_default_str();
+    cmd->add_option("--max_frames", o.windows.max_frames, "full: the longest window")
+        ->check(integer_in(1, 100'001))
+        ->capture_default_str();
+}
+
+}  // namespace
+
 // Prep's data flags: what to read and how to cut it into samples. `sanaflow train` takes them too,
 // for the one-command form.
 void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
@@ -38,39 +78,7 @@ void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
     cmd->add_option("--max_in_flight", o.max_in_flight,
                     "bound on decoded samples in memory (0: 4 x workers)")
         ->check(integer_in(0, 1'000'000));
-    cmd->add_option("--vae", o.vae_kind,
-                    "dc-ae (Sana's image VAE) or wan (Wan2.1's video VAE: clips become windows of "
-                    "video latents, images one-frame videos)")
-        ->check(CLI::IsMember({"dc-ae", "wan"}))
-        ->capture_default_str();
-    // Clips: musubi-tuner's window flags.
-    cmd->add_option("--video_fps", o.video_fps,
-                    "frame rate clips are decoded at, by timestamps (0: each clip's own)")
-        ->check(CLI::Range(0.0, 1000.0))
-        ->capture_default_str();
-    cmd->add_option_function<std::string>(
-           "--frame_extraction",
-           [&o](const std::string& mode) {
-               o.windows.frame_extraction = sf::stages::parse_frame_extraction(mode);
-           },
-           "windows of a clip: head (the first), chunk (consecutive), slide (every "
-           "--frame_stride frames), uniform (--frame_sample spread over the clip), full (the "
-           "whole clip, up to --max_frames) [head]")
-        ->check(CLI::IsMember({"head", "chunk", "slide", "uniform", "full"}));
-    cmd->add_option("--target_frames", o.windows.target_frames,
-                    "window lengths, each 1 + 4k, e.g. 1,25,45,81")
-        ->delimiter(',')
-        ->check(integer_in(1, 100'001))
-        ->capture_default_str();
-    cmd->add_option("--frame_stride", o.windows.frame_stride, "slide: frames between windows")
-        ->check(integer_in(1, 1'000'000))
-        ->capture_default_str();
-    cmd->add_option("--frame_sample", o.windows.frame_sample, "uniform: windows per length")
-        ->check(integer_in(1, 10'000))
-        ->capture_default_str();
-    cmd->add_option("--max_frames", o.windows.max_frames, "full: the longest window")
-        ->check(integer_in(1, 100'001))
-        ->capture_default_str();
+    add_video_flags(cmd, o);
     cmd->add_option("--vae_batch_size", o.vae_batch_size, "images per VAE forward")
         ->check(integer_in(1, 4096))
         ->capture_default_str();
