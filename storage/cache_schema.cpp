@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "storage/xxh3.h"
 
 namespace sf::storage::schema {
 namespace {
@@ -41,6 +42,10 @@ bool parse_dim(const std::string& s, int64_t& out) {
 }
 
 }  // namespace
+
+std::string validation_prompt_key(const std::string& prompt) {
+    return "validation-prompt-" + xxh3_128_hex(prompt);
+}
 
 uint64_t max_record_bytes(const std::string& db) {
     if (db == kLatentsDb) return kMaxLatentRecordBytes;

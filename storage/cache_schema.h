@@ -20,6 +20,9 @@ constexpr const char* kManifestDb = "manifest";  // kManifestSamplesKey -> the l
 
 constexpr const char* kEmptyPromptKey = "empty-prompt";  // text db: for caption dropout
 constexpr const char* kManifestSamplesKey = "samples";   // manifest db
+// Text db: a --validation_prompt's features, "validation-prompt-" and the XXH3-128 of the prompt
+// (what training samples from; a caption's key depends on the stage, this one on the prompt only).
+std::string validation_prompt_key(const std::string& prompt);
 
 // --- Record size limits ----------------------------------------------------------------------
 // The most bytes a record of each database may decode to, far above what the record kind holds

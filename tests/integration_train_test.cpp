@@ -573,6 +573,8 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
         {"--gradient_accumulation_steps", static_cast<double>(t.gradient_accumulation_steps), 1},
         {"--checkpointing_steps", static_cast<double>(t.checkpointing_steps), 500},
         {"--resolution", static_cast<double>(p.resolution), 512},
+        {"--num_validation_images", static_cast<double>(t.num_validation_images), 4},
+        {"--validation_epochs", static_cast<double>(t.validation_epochs), 50},
     };
     for (const Row& r : rows) EXPECT_EQ(r.ours, r.upstream) << r.flag;
     // Strings and switches.
@@ -590,6 +592,8 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     EXPECT_TRUE(t.resume_from_checkpoint.empty());
     EXPECT_EQ(t.report_to, "tensorboard");
     EXPECT_EQ(t.logging_dir, "logs");
+    EXPECT_TRUE(t.validation_prompts.empty());  // upstream: None, no validation
+    EXPECT_FALSE(t.validation_vae_tiling);
 }
 
 // A resumed run trains the steps after its checkpoint again: metrics.jsonl keeps each step once

@@ -65,6 +65,7 @@ const std::map<std::string, std::set<std::string>> kAllowedTop = {
 const std::map<std::string, std::set<std::string>> kAllowedSiblings = {
     {"model/sana_video", {"model/sana"}},
     {"stages/video", {"stages/image"}},
+    {"stages/sample", {"stages/encode"}},  // the VAE as encode/ names and holds it
 };
 
 bool allowed(const std::string& from, const std::string& to) {

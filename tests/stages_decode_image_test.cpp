@@ -3,6 +3,8 @@
 #if defined(SANAFLOW_WITH_MEDIA)
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/flip.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -456,6 +458,58 @@ TEST(DecodeImage, FingerprintFollowsWhatChangesTheOutput) {
     EXPECT_NE(base, stage(1024, 16, true).fingerprint());
     EXPECT_EQ(base, stage(1024, 300).fingerprint());  // min_side only decides what is rejected
     EXPECT_NE(base.find(bucket_table_fingerprint(1024)), std::string::npos);
+}
+
+// --center_crop: every image to one square of the side given (any multiple of 32, not only a
+// table's), covering it and cropped at the center; the fingerprint changes only when it is on.
+TEST(DecodeImage, CenterCropMakesOneSquareOfAnyImage) {
+    DecodeImageConfig config;
+    config.resolution = 512;
+    config.min_side = 16;
+    config.square_side = 384;
+    const DecodeImageStage square(config);
+    // A wide image: black left third, white middle third, black right third.
+    cv::Mat image(300, 900, CV_8UC3, cv::Scalar::all(0));
+    image(cv::Rect(300, 0, 300, 300)).setTo(cv::Scalar::all(255));
+    const DecodedImage d = square.run_bytes(encode(".png", image), "wide.png");
+    EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 384, 384}));
+    EXPECT_EQ(d.bucket_ratio, "1.0");
+    // The center crop is the white third alone.
+    EXPECT_NEAR(d.pixels.mean().item<double>(), 1.0, 0.02);
+    EXPECT_EQ(square.bucket_for(200, 900).height, 384);
+    EXPECT_NE(square.fingerprint(), stage(512).fingerprint());
+    config.square_side = 100;
+    EXPECT_THROW(DecodeImageStage{config}, Error);
+}
+
+// --random_flip: an image comes out as it is or mirrored exactly, which one fixed by its bytes,
+// and across images both happen.
+TEST(DecodeImage, RandomFlipMirrorsHalfTheImagesByTheirBytes) {
+    DecodeImageConfig config;
+    config.resolution = 512;
+    config.min_side = 16;
+    config.output_uint8 = true;
+    const DecodeImageStage plain(config);
+    config.random_flip = true;
+    const DecodeImageStage flipping(config);
+    EXPECT_NE(flipping.fingerprint(), plain.fingerprint());
+    int flipped = 0;
+    for (int i = 0; i < 16; ++i) {
+        cv::Mat image(256, 256, CV_8UC3, cv::Scalar::all(0));
+        image(cv::Rect(0, 0, 40 + i, 256)).setTo(cv::Scalar(200, 100, i));  // a left-side band
+        const std::string bytes = encode(".png", image);
+        const at::Tensor a = plain.run_bytes(bytes, "a.png").pixels;
+        const at::Tensor b = flipping.run_bytes(bytes, "a.png").pixels;
+        EXPECT_TRUE(at::equal(flipping.run_bytes(bytes, "again.png").pixels, b)) << "by bytes";
+        if (flipping.flips(bytes)) {
+            ++flipped;
+            EXPECT_TRUE(at::equal(b, a.flip({2}))) << i;
+        } else {
+            EXPECT_TRUE(at::equal(b, a)) << i;
+        }
+    }
+    EXPECT_GT(flipped, 0);
+    EXPECT_LT(flipped, 16);
 }
 
 }  // namespace

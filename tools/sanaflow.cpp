@@ -73,6 +73,7 @@ int run_prep_command(const PrepOptions&) {
 int run_train_command(TrainOptions o, const TrainCommand& c) {
     o.gradient_checkpointing = c.checkpointing ? c.checkpointing_every : 0;
     if (c.full_finetune) o.rank = 0;
+    o.validation_prompts = c.prep.validation_prompts;
     if (c.cache_latents) {
         sf::log_info("train: --cache_latents: latents are always cached (prep writes them once)");
     }

@@ -58,9 +58,9 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
             stages::read_image_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
         if (header.has_size() && header.width > 0 && header.height > 0) {
             const bool swap = header.orientation >= 5;  // EXIF 5..8 turn the image
-            const auto& b = stages::closest_aspect_bucket(
-                o.resolution, static_cast<int>(swap ? header.width : header.height),
-                static_cast<int>(swap ? header.height : header.width));
+            const auto b =
+                stages.decoder->bucket_for(static_cast<int>(swap ? header.width : header.height),
+                                           static_cast<int>(swap ? header.height : header.width));
             p.predicted_bucket = schema::Bucket{1, b.height, b.width}.name();
         }
         // An edited image or caption gets a new sample key, a renamed file keeps it; the latent

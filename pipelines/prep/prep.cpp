@@ -91,6 +91,13 @@ void validate(const PrepOptions& o) {
                                                  kMaxSequenceLength, o.max_sequence_length));
     }
     if (o.text_batch_size < 1) throw Error::InvalidArgument("--text_batch_size must be >= 1");
+    for (const auto& prompt : o.validation_prompts) {
+        if (prompt.empty() || prompt.size() > schema::kMaxCaptionBytes) {
+            throw Error::InvalidArgument(
+                fmt::format("--validation_prompt must be 1 to {} bytes, got {}",
+                            schema::kMaxCaptionBytes, prompt.size()));
+        }
+    }
     if (o.model != "tiny" && o.pretrained_model_name_or_path.empty()) {
         throw Error::InvalidArgument(
             "--model must be 'tiny' (or give --pretrained_model_name_or_path), got '" + o.model +
@@ -148,7 +155,7 @@ std::vector<std::string> instruction_lines(const std::string& flag) {
 PrepOptions with_bucket_table(const PrepOptions& given) {
     PrepOptions o = given;
     o.resolution = stages::nearest_bucket_resolution(given.resolution);
-    if (o.resolution != given.resolution) {
+    if (o.resolution != given.resolution && !o.center_crop) {
         log_info(
             "prep: --resolution {}: images go to the nearest of Sana's aspect-ratio bucket "
             "tables, {}'s (each keeps its aspect ratio)",
@@ -157,9 +164,12 @@ PrepOptions with_bucket_table(const PrepOptions& given) {
     return o;
 }
 
-PrepStages make_stages(const PrepOptions& o) {
+// `square_side`: --center_crop's square (the --resolution given), 0 for the buckets.
+PrepStages make_stages(const PrepOptions& o, int square_side) {
     PrepStages s;
     s.decode_config.resolution = o.resolution;
+    s.decode_config.square_side = square_side;
+    s.decode_config.random_flip = o.random_flip;
     s.decode_config.min_side = o.min_side > 0 ? o.min_side : o.resolution / 4;
     s.decode_config.output_uint8 = true;  // a quarter of the bytes in flight; the VAE normalizes
     s.decoder = std::make_unique<stages::DecodeImageStage>(s.decode_config);
@@ -342,7 +352,7 @@ PrepReport run_prep(const PrepOptions& options) {
     validate(o);
     const auto t0 = std::chrono::steady_clock::now();
     PrepReport report;
-    const PrepStages stages = make_stages(o);
+    const PrepStages stages = make_stages(o, o.center_crop ? options.resolution : 0);
 
     stages::DatasetConfig dataset;
     dataset.instance_data_dir = o.instance_data_dir;

@@ -35,8 +35,13 @@ struct PrepOptions {
     std::string device = "auto";
     std::string mixed_precision = "no";  // dtype of the frozen encoders
     int resolution = 512;                // bucket table: 512 (upstream's default), 1024, 2048, 4096
-    int min_side = 0;                    // reject images smaller than this; 0 = resolution / 4
-    int workers = 2;                     // parallel decode workers
+    // Images (not clips) resized and center-cropped to one --resolution square, as upstream's
+    // --center_crop, instead of the aspect buckets; mirrored half of them (--random_flip, chosen
+    // by each file's hash, so the cache is the same on every run).
+    bool center_crop = false;
+    bool random_flip = false;
+    int min_side = 0;       // reject images smaller than this; 0 = resolution / 4
+    int workers = 2;        // parallel decode workers
     int max_in_flight = 0;  // token bound on decoded items; 0 = 4 x workers (>= VAE batch)
     int vae_batch_size = 4;
     int text_batch_size = 8;
@@ -44,6 +49,9 @@ struct PrepOptions {
     // Prepended to every caption: "" none (upstream's default), "default" Sana's own, a file (one
     // entry per line) or the text itself.
     std::string complex_human_instruction;
+    // --validation_prompt: encoded like captions into the text db (schema::validation_prompt_key)
+    // for the images training samples along the way.
+    std::vector<std::string> validation_prompts;
     int commit_batch = 64;  // records per LMDB transaction
     bool rebuild = false;   // drop a stage whose fingerprint differs, instead of refusing
     bool offload = false;   // text encoder weights on the host, one layer at a time on the device

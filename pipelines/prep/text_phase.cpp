@@ -17,6 +17,7 @@ void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,
     namespace schema = storage::schema;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> captions;
+    std::vector<std::string> validation;  // prompts whose features are not there yet
     bool need_empty = false;
     {
         const storage::CacheReader texts(cache, schema::kTextDb);
@@ -26,9 +27,14 @@ void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,
             if (!texts.contains(p.text_key)) captions.push_back(p.sample.caption);
         }
         need_empty = !texts.contains(schema::kEmptyPromptKey);
+        for (const auto& prompt : o.validation_prompts) {
+            if (!seen.insert("validation\n" + prompt).second) continue;
+            if (!texts.contains(schema::validation_prompt_key(prompt)))
+                validation.push_back(prompt);
+        }
     }
     int64_t peak = 0;
-    if (!captions.empty() || need_empty) {
+    if (!captions.empty() || need_empty || !validation.empty()) {
         auto lease = graph::device_lease().acquire("encode_text");
         storage::CacheWriter writer(cache, schema::kTextDb, static_cast<size_t>(o.commit_batch));
         auto session = stage.open();
@@ -47,6 +53,13 @@ void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,
         // The empty prompt, for training's caption dropout.
         if (need_empty) {
             writer.put(schema::kEmptyPromptKey, stage.record(session->encode_empty(), ""));
+        }
+        if (!validation.empty()) {
+            const std::vector<at::Tensor> features = session->encode(validation);
+            for (size_t j = 0; j < validation.size(); ++j) {
+                writer.put(schema::validation_prompt_key(validation[j]),
+                           stage.record(features[j], validation[j]));
+            }
         }
         writer.flush();
         peak = mem::cpu_stats().peak;  // since the model's load reset it

@@ -21,6 +21,7 @@
 #include "pipelines/train/report/metrics_log.h"
 #include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train_setup.h"
+#include "pipelines/train/validation.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
 
@@ -157,15 +158,20 @@ Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
     return s;
 }
 
+// Optimizer steps in an epoch, as upstream counts them: ceil(batches / accumulation).
+int64_t steps_per_epoch(const TrainOptions& o, const Samplers& samplers) {
+    const int64_t batches = samplers.main->batches_per_epoch();
+    return std::max<int64_t>(
+        1, (batches + o.gradient_accumulation_steps - 1) / o.gradient_accumulation_steps);
+}
+
 // The options as this run uses them: max_train_steps from --num_train_epochs when 0 (as upstream:
 // epochs x ceil(batches per epoch / accumulation)), the learning rate scaled by --scale_lr.
 TrainOptions resolve_run(const TrainOptions& given, const Samplers& samplers) {
     TrainOptions o = given;
     if (o.max_train_steps == 0) {
         const int64_t batches = samplers.main->batches_per_epoch();
-        const int64_t per_epoch = std::max<int64_t>(
-            1, (batches + o.gradient_accumulation_steps - 1) / o.gradient_accumulation_steps);
-        o.max_train_steps = o.num_train_epochs * per_epoch;
+        o.max_train_steps = o.num_train_epochs * steps_per_epoch(o, samplers);
         log_info(
             "train: {} epoch(s) of {} batches of {} = {} optimizer steps (--max_train_steps "
             "sets them instead)",
@@ -314,7 +320,8 @@ struct StepSinks {
 // sinks, and checkpointed every --checkpointing_steps.
 void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
-               std::optional<std::string>& last_checkpoint, StepSinks& sinks) {
+               std::optional<std::string>& last_checkpoint, StepSinks& sinks,
+               training::Validator& validator) {
     train::TrainStep& trainer = run.step;
     at::Generator& gen = run.data_gen;
     const bool writes = trainer.gradient_sync().writes_files();
@@ -352,14 +359,23 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
             last_checkpoint = save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
             log_info("train: checkpoint {}", *last_checkpoint);
         }
+        if (writes && validator.due(r.step)) {
+            const training::ValidationResult v =
+                validator.run(trainer.model(), trainer.options(), r.step);
+            trainer.add_phase_peak("validation", v.peak);
+            report.validation_dirs.push_back(v.dir);
+        }
     }
     progress.finish();
 }
 
 // Everything after the data is open: the model, the optimizer, the steps, the final weights.
-TrainReport train_loop(const TrainOptions& o, const train::TrainingSet& set, Samplers samplers,
-                       c10::Device device, std::chrono::steady_clock::time_point t0) {
+TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
+                       const train::TrainingSet& set, Samplers samplers, c10::Device device,
+                       std::chrono::steady_clock::time_point t0) {
     auto& memlog = mem::memory_log();
+    // Before the model: a prompt missing from the cache is refused before any work.
+    training::Validator validator(o, set, cache, steps_per_epoch(o, samplers), device);
 
     mem::reset_peak();
     memlog.mark("train", "before model");
@@ -417,7 +433,7 @@ TrainReport train_loop(const TrainOptions& o, const train::TrainingSet& set, Sam
             sinks.tensorboard.emplace(
                 (fs::path(o.output_dir) / o.logging_dir / "sanaflow").string());
     }
-    run_steps(o, set, samplers, run, report, last_checkpoint, sinks);
+    run_steps(o, set, samplers, run, report, last_checkpoint, sinks, validator);
 
     if (writes)
         report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
@@ -474,7 +490,7 @@ TrainReport run_train(const TrainOptions& options) {
     const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
     Samplers samplers = make_samplers(o, set);
     const TrainOptions resolved = resolve_run(options, samplers);  // before samplers move
-    return train_loop(resolved, set, std::move(samplers), device, t0);
+    return train_loop(resolved, cache, set, std::move(samplers), device, t0);
 }
 
 }  // namespace sf::pipelines

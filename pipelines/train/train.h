@@ -83,6 +83,16 @@ struct TrainOptions {
     // ("none"), under OUTPUT_DIR/<logging_dir>/sanaflow/ (an absolute logging_dir as it is).
     std::string report_to = "tensorboard";
     std::string logging_dir = "logs";
+
+    // Validation (pipelines/train/validation.h): images of each prompt (prep encodes them)
+    // every validation_epochs epochs, or every validation_steps steps when > 0, and at the end.
+    std::vector<std::string> validation_prompts;
+    int64_t num_validation_images = 4;
+    int64_t validation_epochs = 50;
+    int64_t validation_steps = 0;
+    int64_t validation_inference_steps = 20;  // Euler steps (Sana's pipelines take 20)
+    double validation_guidance_scale = 4.5;   // Sana's pipelines' default
+    bool validation_vae_tiling = false;       // --enable_vae_tiling
 };
 
 struct TrainReport {
@@ -95,9 +105,10 @@ struct TrainReport {
     int64_t skipped_steps = 0;
     int64_t damaged_samples = 0;  // left out with --skip_corrupt
     double seconds = 0;
-    std::string weights_path;  // the final weights
-    std::string phase_table;   // per-phase peak memory
-    std::string memory_marks;  // the memory log of the run
+    std::string weights_path;                  // the final weights
+    std::vector<std::string> validation_dirs;  // OUTPUT_DIR/validation/step-N, in order
+    std::string phase_table;                   // per-phase peak memory
+    std::string memory_marks;                  // the memory log of the run
     int64_t trainable_parameters = 0;
 
     // What the command prints at the end: steps, loss at the start and the end, the weights,

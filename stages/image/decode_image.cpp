@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "stages/image/aspect_buckets.h"
 #include "stages/image/image_header.h"
+#include "storage/xxh3.h"
 
 namespace sf::stages {
 namespace {
@@ -195,6 +196,12 @@ int reduced_flags(int reduce) {
 }  // namespace
 
 DecodeImageStage::DecodeImageStage(DecodeImageConfig config) : config_(config) {
+    if (config_.square_side < 0 || config_.square_side % 32 != 0 || config_.square_side > 8192) {
+        throw Error::InvalidArgument(
+            "decode_image: square_side (--center_crop's --resolution) "
+            "must be a multiple of 32 up to 8192, got " +
+            std::to_string(config_.square_side));
+    }
     if (!is_bucket_resolution(config_.resolution)) {
         throw Error::InvalidArgument("decode_image: resolution " +
                                      std::to_string(config_.resolution) +
@@ -216,10 +223,22 @@ DecodeImageStage::DecodeImageStage(DecodeImageConfig config) : config_(config) {
 }
 
 std::string DecodeImageStage::fingerprint() const {
+    // The two options add to the fingerprint only when on: caches made without them still match.
     return "decode_image/v1;" + bucket_table_fingerprint(config_.resolution) +
            ";exif-orientation;alpha-on-white;16bit/257;area-down,cubic-up;center-crop;" +
            (config_.jpeg_reduced_decode ? "jpeg-dct-reduce;" : "") +
-           (config_.output_uint8 ? "rgb-u8" : "rgb-f32[-1,1]");
+           (config_.output_uint8 ? "rgb-u8" : "rgb-f32[-1,1]") +
+           (config_.square_side > 0 ? ";square-" + std::to_string(config_.square_side) : "") +
+           (config_.random_flip ? ";hflip-half-by-xxh3" : "");
+}
+
+AspectBucket DecodeImageStage::bucket_for(int height, int width) const {
+    if (config_.square_side > 0) return {"1.0", 1.0, config_.square_side, config_.square_side};
+    return closest_aspect_bucket(config_.resolution, height, width);
+}
+
+bool DecodeImageStage::flips(const std::string& bytes) const {
+    return config_.random_flip && (storage::xxh3_128_hex(bytes).back() - '0') % 2 == 1;
 }
 
 DecodedImage DecodeImageStage::run(const std::string& path, at::Tensor reuse) const {
@@ -296,7 +315,7 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
     const bool transposed = transposes(header.orientation);
     const int shown_h = static_cast<int>(transposed ? width : height);
     const int shown_w = static_cast<int>(transposed ? height : width);
-    const AspectBucket& bucket = closest_aspect_bucket(config_.resolution, shown_h, shown_w);
+    const AspectBucket bucket = bucket_for(shown_h, shown_w);
     const SourceCrop crop = plan_cover_crop(shown_h, shown_w, bucket.height, bucket.width);
     // OpenCV's TIFF reader applies the Orientation tag itself, even under IMREAD_UNCHANGED
     // (pinned by a test), except that tiled 8-bit files with a mirrored orientation come out
@@ -358,7 +377,8 @@ DecodedImage DecodeImageStage::run_bytes(const std::string& bytes,
         cv::resize(bgr, resized, target, 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_CUBIC);
     }
     bgr.release();
-    const cv::Mat oriented = apply_orientation(resized, orientation);
+    cv::Mat oriented = apply_orientation(resized, orientation);
+    if (flips(bytes)) cv::flip(oriented, oriented, 1);
     SF_CHECK(oriented.rows == bucket.height && oriented.cols == bucket.width,
              "decode_image: result differs from the bucket size");
 

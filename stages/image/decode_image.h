@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <string>
 
+#include "stages/image/aspect_buckets.h"
+
 namespace sf::stages {
 
 struct DecodeImageConfig {
@@ -37,6 +39,12 @@ struct DecodeImageConfig {
     // the bucket's size: 3-4x the throughput on camera photos, with a slightly different (not
     // worse) low-pass than decoding fully and area-averaging. Off: every pixel is decoded.
     bool jpeg_reduced_decode = true;
+    // > 0: one square bucket of this side (a multiple of 32) for every image, resized to cover it
+    // and center-cropped, as upstream's --center_crop (Resize then CenterCrop); 0: the buckets.
+    int square_side = 0;
+    // Mirror half of the images left to right (upstream's --random_flip), each chosen by its
+    // bytes' hash, so a rerun or a resumed prep flips the same ones.
+    bool random_flip = false;
 };
 
 struct DecodedImage {
@@ -58,6 +66,10 @@ public:
     // recycles pixel buffers saves the allocation: on these VMs first touching a fresh 11.5 MB
     // float tensor costs ~15 ms of page faults, more than decoding a 640x480 JPEG.
     DecodedImage run(const std::string& path, at::Tensor reuse = {}) const;
+    // The bucket an image shown as height x width goes to (the square with square_side).
+    AspectBucket bucket_for(int height, int width) const;
+    // Whether random_flip mirrors the image of these bytes.
+    bool flips(const std::string& bytes) const;
     // `bytes` is the whole file; `name_for_errors` prefixes every reject reason.
     DecodedImage run_bytes(const std::string& bytes, const std::string& name_for_errors,
                            at::Tensor reuse = {}) const;

@@ -47,6 +47,15 @@ std::string TrainingSet::content_hash() const {
     return hasher.hex();
 }
 
+at::Tensor TrainingSet::validation_prompt(const std::string& prompt) const {
+    const std::string key = schema::validation_prompt_key(prompt);
+    for (const auto& shard : shards_) {
+        const storage::CacheReader texts(*shard, schema::kTextDb);
+        if (auto record = texts.get(key)) return tensor_of(*record, schema::kPromptEmbeds, key);
+    }
+    return {};
+}
+
 TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool skip_damaged) {
     SF_CHECK(!shards.empty(), "a training set of no cache");
     TrainingSet set;

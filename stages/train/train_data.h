@@ -67,6 +67,10 @@ public:
     std::string content_hash() const;
     // The empty prompt's features [n, hidden], or undefined when prep did not store them.
     const at::Tensor& empty_prompt() const { return empty_prompt_; }
+    // A --validation_prompt's features [n, hidden] as prep stored them
+    // (schema::validation_prompt_key), from the first shard that has them; undefined when none
+    // has. kCorruption when the record does not decode.
+    at::Tensor validation_prompt(const std::string& prompt) const;
 
     // Reads and stacks the samples at `indices` (one bucket). With `caption_dropout` > 0, each
     // caption is replaced by the empty prompt with that probability, drawn from `gen`. A record

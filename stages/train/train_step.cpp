@@ -160,14 +160,17 @@ TrainStep::~TrainStep() = default;
 
 void TrainStep::begin_phase() { mem::reset_peak(); }
 
-void TrainStep::end_phase(const std::string& phase) {
-    const bool cuda = device_.is_cuda();
-    PhasePeak now{cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak
-                       : mem::cpu_stats().peak,
-                  mem::peak_rss_bytes()};
+void TrainStep::add_phase_peak(const std::string& phase, const PhasePeak& now) {
     PhasePeak& peak = peaks_[phase];
     peak.tensor_bytes = std::max(peak.tensor_bytes, now.tensor_bytes);
     peak.rss_bytes = std::max(peak.rss_bytes, now.rss_bytes);
+}
+
+void TrainStep::end_phase(const std::string& phase) {
+    const bool cuda = device_.is_cuda();
+    add_phase_peak(phase, {cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak
+                                : mem::cpu_stats().peak,
+                           mem::peak_rss_bytes()});
     if (step_ < options_.mark_steps)
         mem::memory_log().mark("train", fmt::format("step {} {}", step_ + 1, phase));
 }
@@ -288,7 +291,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
 
 std::string TrainStep::phase_table() const {
     std::string out = fmt::format("{:<10} {:>14} {:>14}\n", "phase", "peak tensors", "peak rss");
-    for (const char* phase : {"data", "forward", "backward", "optimizer"}) {
+    for (const char* phase : {"data", "forward", "backward", "optimizer", "validation"}) {
         auto it = peaks_.find(phase);
         if (it == peaks_.end()) continue;
         out += fmt::format("{:<10} {:>14} {:>14}\n", phase, format_bytes(it->second.tensor_bytes),

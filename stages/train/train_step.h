@@ -103,8 +103,12 @@ public:
     model::DiffusionTransformer& model() { return *model_; }
     GradientSync& gradient_sync() { return *sync_; }
 
-    // phase ("data", "forward", "backward", "optimizer") -> its peak over every step so far.
+    // phase ("data", "forward", "backward", "optimizer", and "validation" when the run samples)
+    // -> its peak over every step so far.
     const std::map<std::string, PhasePeak>& phase_peaks() const { return peaks_; }
+    // A phase of the run outside the step (validation), measured by the caller: kept as the
+    // step's own phases are, the highest seen.
+    void add_phase_peak(const std::string& phase, const PhasePeak& peak);
     std::string phase_table() const;
 
 private:

@@ -21,8 +21,6 @@ constexpr const char* kNoHubData =
 constexpr const char* kNoPrior =
     "prior preservation (generated class images) is not built: train on your own images only";
 constexpr const char* kNoProdigy = "only AdamW is built (not Prodigy)";
-constexpr const char* kNoValidation =
-    "validation sampling is not built yet: the metrics are in OUTPUT_DIR/metrics.jsonl";
 
 // Upstream's flags (diffusers v0.33.1 train_dreambooth_lora_sana.py) this tool does not take.
 const std::map<std::string, std::string>& refused() {
@@ -55,14 +53,6 @@ const std::map<std::string, std::string>& refused() {
         {"lora_dropout", "not built yet: LoRA layers have no dropout (upstream's default 0.0)"},
         {"local_rank", "training on several GPUs is not built yet"},
         {"enable_npu_flash_attention", "there is no NPU support: --attention fused uses SDPA"},
-        {"enable_vae_tiling", kNoValidation},
-        {"validation_prompt", kNoValidation},
-        {"num_validation_images", kNoValidation},
-        {"validation_epochs", kNoValidation},
-        {"center_crop",
-         "not built yet: images are resized to the nearest aspect bucket of --resolution's table "
-         "and center-cropped to it"},
-        {"random_flip", "not built yet: the latents are cached unflipped"},
     };
     return table;
 }

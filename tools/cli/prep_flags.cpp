@@ -67,6 +67,12 @@ void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
                     "of 32 takes the nearest")
         ->check(integer_in(256, 8192))
         ->capture_default_str();
+    cmd->add_flag("--center_crop", o.center_crop,
+                  "images: resize and center-crop every one to a --resolution square (upstream's "
+                  "--center_crop) instead of the aspect buckets");
+    cmd->add_flag("--random_flip", o.random_flip,
+                  "images: mirror half of them left to right, each chosen by its file's hash "
+                  "(the same ones on every run)");
     cmd->add_option("--min_side", o.min_side,
                     "reject images with a smaller side (0: resolution / 4)")
         ->check(integer_in(0, 1'000'000))
@@ -92,6 +98,10 @@ void add_prep_data_flags(CLI::App* cmd, PrepOptions& o) {
                     "prepend an instruction to every caption: 'default' for Sana's own, a file "
                     "(one entry per line) or the text itself; none by default, as upstream's "
                     "script");
+    cmd->add_option("--validation_prompt", o.validation_prompts,
+                    "a prompt to sample validation images of while training (its features are "
+                    "cached with the captions); repeat it for several")
+        ->allow_extra_args(false);
     cmd->add_option("--commit_batch", o.commit_batch, "records per committed transaction")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();

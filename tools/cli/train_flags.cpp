@@ -163,6 +163,31 @@ void add_run_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
                   "(mixed precision is autocast)");
 }
 
+// Validation images while training (the prompts are prep's data flag --validation_prompt).
+void add_validation_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_option("--num_validation_images", o.num_validation_images,
+                    "images of each --validation_prompt at each validation")
+        ->check(integer_in(1, 1024))
+        ->capture_default_str();
+    cmd->add_option("--validation_epochs", o.validation_epochs,
+                    "validate at the end of every k-th epoch (epochs 0, k, 2k, ...) and at the end")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_option("--validation_steps", o.validation_steps,
+                    "validate every N steps instead (0: by --validation_epochs)")
+        ->check(integer_in(0, kMaxSteps))
+        ->capture_default_str();
+    cmd->add_option("--validation_inference_steps", o.validation_inference_steps,
+                    "Euler sampling steps")
+        ->check(integer_in(1, 10'000))
+        ->capture_default_str();
+    cmd->add_option("--validation_guidance_scale", o.validation_guidance_scale,
+                    "classifier-free guidance against the empty prompt (<= 1: none)")
+        ->capture_default_str();
+    cmd->add_flag("--enable_vae_tiling", o.validation_vae_tiling,
+                  "decode validation images in tiles (memory follows the tile)");
+}
+
 }  // namespace
 
 void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
@@ -172,6 +197,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     add_objective_flags(cmd, o);
     add_lora_flags(cmd, o, c);
     add_run_flags(cmd, o, c);
+    add_validation_flags(cmd, o);
 }
 
 void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {

@@ -73,8 +73,10 @@ int run_demo(const std::string& out_dir, int num_images) {
     o.instance_data_dir = data.string();
     o.cache_dir = cache.string();
     o.resolution = 512;
+    const std::string prompt = "a red circle on a dark background";
+    o.validation_prompts = {prompt};
     std::cout << "== sanaflow prep --instance_data_dir " << data.string() << " --cache_dir "
-              << cache.string() << " --resolution 512\n";
+              << cache.string() << " --resolution 512 --validation_prompt \"" << prompt << "\"\n";
     std::cout << sf::pipelines::run_prep(o).table();
     std::cout << "\n== the same prep again: everything is cached, nothing is decoded\n";
     std::cout << sf::pipelines::run_prep(o).table();
@@ -97,13 +99,20 @@ int run_demo(const std::string& out_dir, int num_images) {
     t.gradient_checkpointing = 1;
     t.attention = "chunked";
     t.caption_dropout = 0.1;
+    t.validation_prompts = {prompt};
+    t.num_validation_images = 2;
+    t.validation_steps = 20;
+    t.validation_inference_steps = 10;
     std::cout
         << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir " << t.output_dir
         << " --full_finetune --max_train_steps 40 --train_batch_size 2 --learning_rate 1e-3 "
            "--lr_scheduler "
            "constant_with_warmup"
            " --lr_warmup_steps 5 --gradient_checkpointing --attention chunked --caption_dropout 0.1"
-           " --checkpointing_steps 20 --checkpoints_total_limit 1\n";
+           " --checkpointing_steps 20 --checkpoints_total_limit 1 --validation_prompt \""
+        << prompt
+        << "\" --num_validation_images 2 --validation_steps 20 --validation_inference_steps "
+           "10\n";
     std::cout << sf::pipelines::run_train(t).summary();
     run_demo_video(root);
     std::cout << "\n== memory marks\n" << sf::mem::memory_log().table();

@@ -1,0 +1,218 @@
+#include "pipelines/train/validation.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#if defined(SANAFLOW_WITH_MEDIA)
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
+
+#include "core/check.h"
+#include "core/device_options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "graph/device_lease.h"
+#include "model/common/autocast.h"
+#include "model/common/diffusion_transformer.h"
+#include "stages/sample/decode_latents.h"
+#include "stages/sample/flow_sampler.h"
+#include "storage/cache_schema.h"
+
+namespace sf::pipelines::training {
+namespace fs = std::filesystem;
+namespace schema = storage::schema;
+namespace {
+
+// The VAE that encoded the cache: the pretrained root's vae/ when it has one, else the built-in
+// DC-AE prep draws from the same seed.
+stages::ModelSource validation_vae(const TrainOptions& o) {
+    const std::string& root = o.pretrained_model_name_or_path;
+    if (!root.empty() && fs::is_directory(fs::path(root) / "vae")) return {root, "", o.seed};
+    return {"", "dc-ae-tiny", o.seed};
+}
+
+// The bucket with the most samples (the first by name among equals): the shape the run trains on.
+train::Bucket largest_bucket(const train::TrainingSet& set) {
+    const train::Bucket* best = nullptr;
+    size_t most = 0;
+    for (const auto& [bucket, indices] : set.buckets()) {
+        if (indices.size() > most) most = indices.size(), best = &bucket;
+    }
+    SF_CHECK(best != nullptr, "a training set without buckets");
+    return *best;
+}
+
+#if defined(SANAFLOW_WITH_MEDIA)
+// [3, H, W] uint8 RGB -> an OpenCV BGR image (its own copy).
+cv::Mat to_bgr(const at::Tensor& rgb) {
+    const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
+    cv::Mat image(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)), CV_8UC3,
+                  hwc.data_ptr<uint8_t>());
+    cv::Mat bgr;
+    cv::cvtColor(image, bgr, cv::COLOR_RGB2BGR);
+    return bgr;
+}
+
+void write_png(const std::string& path, const cv::Mat& image) {
+    if (!cv::imwrite(path, image))
+        throw Error::IOError(fmt::format("validation: could not write {}", path));
+}
+#endif
+
+}  // namespace
+
+Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, storage::Cache cache,
+                     int64_t steps_per_epoch, c10::Device device)
+    : o_(o),
+      prompts_(o.validation_prompts),
+      steps_per_epoch_(std::max<int64_t>(1, steps_per_epoch)),
+      device_(device) {
+    if (prompts_.empty()) return;
+#if !defined(SANAFLOW_WITH_MEDIA)
+    throw Error::InvalidArgument(
+        "--validation_prompt: this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF, without the "
+        "PNG writer");
+#endif
+    if (o.num_validation_images < 1)
+        throw Error::InvalidArgument("--num_validation_images must be >= 1");
+    if (o.validation_epochs < 1) throw Error::InvalidArgument("--validation_epochs must be >= 1");
+    if (o.validation_steps < 0)
+        throw Error::InvalidArgument("--validation_steps must be >= 0 (0: by --validation_epochs)");
+    sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);  // validates both
+    if (!std::isfinite(o.validation_guidance_scale) || o.validation_guidance_scale < 0)
+        throw Error::InvalidArgument(
+            fmt::format("--validation_guidance_scale must be a finite number >= 0, got {:g}",
+                        o.validation_guidance_scale));
+    if (set.latent_rank() != 3) {
+        throw Error::InvalidArgument(
+            "--validation_prompt: validation samples images; this cache holds video latents (the "
+            "Wan VAE's), whose decoder validation does not load yet");
+    }
+    for (const auto& prompt : prompts_) {
+        at::Tensor f = set.validation_prompt(prompt);
+        if (!f.defined()) {
+            throw Error::InvalidArgument(fmt::format(
+                "--validation_prompt \"{}\" is not in the cache {}: prep encodes it (sanaflow prep "
+                "--validation_prompt, or train with --instance_data_dir, which preps first)",
+                prompt, cache.dir()));
+        }
+        features_.push_back(f.to(at::kFloat));
+    }
+    empty_ = set.empty_prompt();
+    if (!empty_.defined() && o.validation_guidance_scale > 1)
+        throw Error::InvalidArgument(
+            "--validation_guidance_scale > 1 needs the empty prompt's features: rerun prep");
+    if (empty_.defined()) empty_ = empty_.to(at::kFloat);
+
+    vae_ = validation_vae(o);
+    const auto stored = cache.fingerprint(schema::kEncodeVAEStage);
+    const std::string weights = stages::weights_fingerprint(vae_, "vae");
+    if (!stored || stored->count("weights") == 0 || stored->at("weights") != weights) {
+        throw Error::InvalidArgument(fmt::format(
+            "--validation_prompt: the cache's latents were encoded by another VAE than {} (the "
+            "one validation would decode with): give --pretrained_model_name_or_path the diffusers "
+            "root whose vae/ prep used",
+            vae_.is_pretrained() ? vae_.pretrained + "/vae" : "the built-in " + vae_.builtin));
+    }
+    bucket_ = largest_bucket(set);
+    at::Generator gen = at::detail::createCPUGenerator(0);
+    const train::TrainingBatch one = set.load({set.buckets().at(bucket_).front()}, 0, gen);
+    latent_channels_ = one.latents.size(1);
+    ratio_ = bucket_.height / one.latents.size(2);
+    log_info(
+        "train: validation: {} image(s) of {} prompt(s) at {}x{}, {} Euler steps, guidance {:g}",
+        o.num_validation_images, prompts_.size(), bucket_.height, bucket_.width,
+        o.validation_inference_steps, o.validation_guidance_scale);
+}
+
+bool Validator::due(int64_t step) const {
+    if (prompts_.empty()) return false;
+    if (step == o_.max_train_steps) return true;
+    if (o_.validation_steps > 0) return step % o_.validation_steps == 0;
+    if (step % steps_per_epoch_ != 0) return false;
+    const int64_t epoch = step / steps_per_epoch_ - 1;  // the 0-based epoch just ended
+    return epoch % o_.validation_epochs == 0;
+}
+
+ValidationResult Validator::run(model::DiffusionTransformer& model,
+                                const train::TrainStepOptions& options, int64_t step) {
+    mem::release_memory("validation start");  // what the last step left cached
+    mem::reset_peak();
+    auto lease = graph::device_lease().acquire("validation");
+    ValidationResult result;
+    result.dir = (fs::path(o_.output_dir) / "validation" / fmt::format("step-{}", step)).string();
+    fs::create_directories(result.dir);
+
+    // Sampling: the transformer as it is now, in eval mode, each image alone.
+    std::vector<at::Tensor> latents;
+    {
+        model.module().eval();
+        model.set_gradient_checkpointing(0);  // nothing is saved for a backward here
+        const bool autocast = options.mixed_precision != "no";
+        model::AutocastGuard guard(
+            device_.type(), autocast ? resolve_dtype(options.mixed_precision) : at::kBFloat16,
+            autocast);
+        const std::vector<double> sigmas =
+            sample::euler_sigmas(o_.validation_inference_steps, o_.flow_shift);
+        at::Generator gen = at::detail::createCPUGenerator(o_.seed);
+        const int64_t h = bucket_.height / ratio_, w = bucket_.width / ratio_;
+        for (const at::Tensor& f : features_) {
+            const at::Tensor caption = f.unsqueeze(0).to(device_);
+            const at::Tensor mask =
+                torch::ones({1, f.size(0)}, at::TensorOptions(at::kLong)).to(device_);
+            const at::Tensor empty = empty_.defined() ? empty_.to(device_) : at::Tensor();
+            const sample::Velocity v =
+                sample::guided_velocity(model, caption, mask, empty, o_.validation_guidance_scale);
+            for (int64_t i = 0; i < o_.num_validation_images; ++i) {
+                const at::Tensor noise =
+                    at::randn({1, latent_channels_, h, w}, gen, at::TensorOptions(at::kFloat));
+                latents.push_back(sample::euler_sample(v, noise.to(device_), sigmas).to(at::kCPU));
+            }
+        }
+        model.set_gradient_checkpointing(options.gradient_checkpointing);
+        model.module().train();
+    }
+    mem::release_memory("validation after sampling");
+
+#if defined(SANAFLOW_WITH_MEDIA)
+    // Decoding: the VAE's decoder on the device for this moment only.
+    std::vector<cv::Mat> rows;
+    {
+        sample::LatentDecoder decoder(vae_, device_);
+        const size_t n = static_cast<size_t>(o_.num_validation_images);
+        for (size_t p = 0; p < features_.size(); ++p) {
+            std::vector<cv::Mat> row;
+            for (size_t i = 0; i < n; ++i) {
+                const cv::Mat image =
+                    to_bgr(decoder.decode(latents[p * n + i], o_.validation_vae_tiling)[0]);
+                const std::string path =
+                    (fs::path(result.dir) / fmt::format("prompt-{}-image-{}.png", p, i)).string();
+                write_png(path, image);
+                result.images.push_back(path);
+                row.push_back(image);
+            }
+            cv::Mat joined;
+            cv::hconcat(row, joined);
+            rows.push_back(joined);
+        }
+    }
+    cv::Mat grid;
+    cv::vconcat(rows, grid);
+    write_png((fs::path(result.dir) / "grid.png").string(), grid);
+#endif
+    result.peak = {device_.is_cuda() ? mem::cuda_stats(std::max<int>(0, device_.index())).peak
+                                     : mem::cpu_stats().peak,
+                   mem::peak_rss_bytes()};
+    mem::release_memory("validation end");
+    log_info("train: validation at step {}: {} image(s) in {} (peak {})", step,
+             result.images.size(), result.dir, format_bytes(result.peak.tensor_bytes));
+    return result;
+}
+
+}  // namespace sf::pipelines::training

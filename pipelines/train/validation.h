@@ -1,0 +1,65 @@
+// Validation samples during training, as diffusers' train_dreambooth_lora_sana.py makes them:
+// every --validation_epochs epochs (at the end of each 0-based epoch e with e % k == 0), or every
+// --validation_steps steps, and after the last step, --num_validation_images images of each
+// --validation_prompt under OUTPUT_DIR/validation/step-N/ (prompt-P-image-I.png and grid.png:
+// a row per prompt).
+//
+// The prompts' features come from the cache (prep encodes them), so no text encoder is loaded.
+// Each image is sampled alone (upstream's loop) from noise seeded by --seed, the same noise at
+// every validation, so the images of two steps differ only by training. Sampling runs the
+// transformer in eval mode under no grad and the run's autocast; then, with the sampler's memory
+// released, the VAE's decoder is loaded for the decode only, inside the device lease, and freed.
+// The phase's peak is the "validation" row of the per-phase table.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipelines/train/train.h"
+#include "stages/encode/model_source.h"
+#include "stages/train/train_data.h"
+#include "stages/train/train_step.h"
+
+namespace sf::model {
+class DiffusionTransformer;
+}
+
+namespace sf::pipelines::training {
+
+struct ValidationResult {
+    std::string dir;
+    std::vector<std::string> images;  // the PNGs of the samples, grid.png not among them
+    train::PhasePeak peak;
+};
+
+class Validator {
+public:
+    // Checked before the first step: an image cache (video validation needs the Wan decoder:
+    // refused), every prompt and the empty prompt in the cache, and a VAE whose weights encoded
+    // the cache (`pretrained`'s vae/, else the built-in DC-AE from --seed).
+    // kInvalidArgument naming the flag or the missing record.
+    Validator(const TrainOptions& o, const train::TrainingSet& set, storage::Cache cache,
+              int64_t steps_per_epoch, c10::Device device);
+
+    bool enabled() const { return !prompts_.empty(); }
+    // Whether the step just done (1-based) is one to validate after.
+    bool due(int64_t step) const;
+    // Samples, decodes and writes the images of `step`; the model is back in train mode after.
+    ValidationResult run(model::DiffusionTransformer& model, const train::TrainStepOptions& options,
+                         int64_t step);
+
+private:
+    TrainOptions o_;
+    std::vector<std::string> prompts_;
+    std::vector<at::Tensor> features_;  // [n, hidden] each
+    at::Tensor empty_;
+    train::Bucket bucket_;
+    int64_t latent_channels_ = 0, ratio_ = 0, steps_per_epoch_ = 1;
+    stages::ModelSource vae_;
+    c10::Device device_;
+};
+
+}  // namespace sf::pipelines::training
