@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "integration_util.h"
+#include "pipelines/inspect.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
 #include "test_util.h"
@@ -47,6 +48,9 @@ TEST(TrainValidation, WritesEachPromptsImagesAndAGridWithoutChangingTheTraining)
     auto prep = sf::test::options_for(tmp);
     prep.validation_prompts = {"a red cube", "a blue ball"};
     sf::pipelines::run_prep(prep);
+    const auto verified = sf::pipelines::inspect_cache(tmp.file("cache"), /*verify=*/true);
+    EXPECT_TRUE(verified.ok) << "the prompts' records are keyed as inspect expects: "
+                             << verified.text;
 
     const TrainOptions o = validating_options(tmp, "with");
     const auto with = sf::pipelines::run_train(o);
