@@ -80,7 +80,7 @@ DbVerifyReport verify_references(Cache& cache) {
             const auto fingerprint = record->metadata.find(schema::kFingerprint);
             if (source == record->metadata.end() || fingerprint == record->metadata.end()) return;
             // A --validation_prompt's record is keyed by the prompt alone.
-            const bool validation = key.rfind("validation-prompt-", 0) == 0;
+            const bool validation = key.rfind(schema::kValidationPromptPrefix, 0) == 0;
             const std::string want =
                 validation ? schema::validation_prompt_key(source->second)
                            : content_key_of(source->second, {{"text", fingerprint->second}});

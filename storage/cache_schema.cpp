@@ -44,7 +44,7 @@ bool parse_dim(const std::string& s, int64_t& out) {
 }  // namespace
 
 std::string validation_prompt_key(const std::string& prompt) {
-    return "validation-prompt-" + xxh3_128_hex(prompt);
+    return kValidationPromptPrefix + xxh3_128_hex(prompt);
 }
 
 uint64_t max_record_bytes(const std::string& db) {

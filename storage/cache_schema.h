@@ -22,6 +22,7 @@ constexpr const char* kEmptyPromptKey = "empty-prompt";  // text db: for caption
 constexpr const char* kManifestSamplesKey = "samples";   // manifest db
 // Text db: a --validation_prompt's features, "validation-prompt-" and the XXH3-128 of the prompt
 // (what training samples from; a caption's key depends on the stage, this one on the prompt only).
+constexpr const char* kValidationPromptPrefix = "validation-prompt-";
 std::string validation_prompt_key(const std::string& prompt);
 
 // --- Record size limits ----------------------------------------------------------------------

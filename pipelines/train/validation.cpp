@@ -162,11 +162,11 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
             sample::euler_sigmas(o_.validation_inference_steps, o_.flow_shift);
         at::Generator gen = at::detail::createCPUGenerator(o_.seed);
         const int64_t h = bucket_.height / ratio_, w = bucket_.width / ratio_;
+        const at::Tensor empty = empty_.defined() ? empty_.to(device_) : at::Tensor();
         for (const at::Tensor& f : features_) {
             const at::Tensor caption = f.unsqueeze(0).to(device_);
             const at::Tensor mask =
                 torch::ones({1, f.size(0)}, at::TensorOptions(at::kLong)).to(device_);
-            const at::Tensor empty = empty_.defined() ? empty_.to(device_) : at::Tensor();
             const sample::Velocity v =
                 sample::guided_velocity(model, caption, mask, empty, o_.validation_guidance_scale);
             for (int64_t i = 0; i < o_.num_validation_images; ++i) {
