@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/timeline.h"
 #include "core/torch_compat.h"
 
 namespace sf::mem {
@@ -33,13 +34,19 @@ static_assert(kHeader >= 2 * sizeof(int64_t), "the block header holds two sizes"
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_interval_peak{0};
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_budget{0};
 
-void update_peak(int64_t now) {
-    int64_t prev = g_peak.load(std::memory_order_relaxed);
-    while (now > prev && !g_peak.compare_exchange_weak(prev, now, std::memory_order_relaxed)) {
+void raise_to(std::atomic<int64_t>& peak, int64_t now) {
+    int64_t prev = peak.load(std::memory_order_relaxed);
+    while (now > prev && !peak.compare_exchange_weak(prev, now, std::memory_order_relaxed)) {
     }
+}
+
+void update_peak(int64_t now) {
+    raise_to(g_peak, now);
+    raise_to(g_interval_peak, now);
 }
 
 // Large blocks are mapped by the allocator itself, with transparent huge pages where the kernel
@@ -249,8 +256,6 @@ int64_t read_status_kb(const char* key) {
     return 0;
 }
 
-const auto g_process_start = std::chrono::steady_clock::now();
-
 }  // namespace
 
 void install_counting_allocator() {
@@ -264,6 +269,13 @@ void install_counting_allocator() {
 bool counting_allocator_installed() { return g_installed.load(); }
 
 Stats cpu_stats() { return {g_current.load(), g_peak.load()}; }
+
+int64_t take_interval_peak() {
+    const int64_t peak = g_interval_peak.exchange(g_current.load());
+    // An allocation between the two loads may have raised the current bytes past the new start.
+    raise_to(g_interval_peak, g_current.load());
+    return std::max(peak, g_current.load());
+}
 int64_t cpu_live_allocations() { return g_live.load(); }
 void set_cpu_budget(int64_t bytes) { g_budget = bytes < 0 ? 0 : bytes; }
 int64_t cpu_budget() { return g_budget.load(); }
@@ -304,8 +316,7 @@ Mark MemoryLog::mark(const std::string& stage, const std::string& point) {
     Mark m;
     m.stage = stage;
     m.point = point;
-    m.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
+    m.seconds = process_seconds();
     m.cpu = cpu_stats();
     m.cuda = cuda_stats(0);
     m.rss = rss_bytes();
@@ -319,6 +330,7 @@ Mark MemoryLog::mark(const std::string& stage, const std::string& point) {
                  format_bytes(m.cpu.current), format_bytes(m.cpu.peak), cuda, format_bytes(m.rss),
                  format_bytes(m.peak_rss));
     }
+    if (timeline().recording()) timeline().add_mark(m);
     std::lock_guard<std::mutex> lock(mutex_);
     marks_.push_back(m);
     return m;

@@ -29,6 +29,10 @@ bool counting_allocator_installed();
 
 // Counted CPU tensor bytes. Zero until install_counting_allocator() runs.
 Stats cpu_stats();
+// The most counted CPU tensor bytes live at once since the previous call (or since the allocator
+// was installed), and a new interval begun at the current bytes: the memory timeline's sampler
+// reads it, so a peak between two samples is seen. Independent of reset_peak().
+int64_t take_interval_peak();
 // Number of live CPU allocations made through the counting allocator.
 int64_t cpu_live_allocations();
 

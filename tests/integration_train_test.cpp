@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -722,6 +724,31 @@ TEST(TrainCli, TheGuidesLaunchLineRunsAsOneCommand) {
     EXPECT_FALSE(fs::exists(out + "/transformer"));
     EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
     EXPECT_TRUE(fs::exists(out + "/metrics.png")) << "the plot is written at the end";
+    // The memory timeline of the whole job (prep's phases and models, then the steps) in
+    // OUTPUT_DIR, and prep's alone in the cache; both drawn by `sanaflow plot`.
+    auto spans_of = [](const std::string& path) {
+        std::map<std::string, std::set<std::string>> lanes;  // lane -> span names
+        std::ifstream in(path);
+        const nlohmann::json trace = nlohmann::json::parse(in);
+        for (const auto& e : trace.at("traceEvents"))
+            if (e.at("ph") == "X") lanes[e.at("cat")].insert(e.at("name").get<std::string>());
+        return lanes;
+    };
+    const auto job = spans_of(out + "/memory_timeline.json");
+    for (const char* name : {"index", "text", "image"})
+        EXPECT_TRUE(job.at("prep").count(name)) << name;
+    for (const char* name : {"encode_text", "encode_vae"})
+        EXPECT_TRUE(job.at("models").count(name)) << name;
+    for (const char* name :
+         {"step 1", "step 1 data", "step 1 forward", "step 1 backward", "step 1 optimizer"})
+        EXPECT_TRUE(job.at("train").count(name)) << name;
+    const auto prep_only = spans_of(out + "/cache/memory_timeline.json");
+    EXPECT_TRUE(prep_only.at("prep").count("image"));
+    EXPECT_FALSE(prep_only.count("train"));
+    EXPECT_FALSE(cv::imread(out + "/memory_timeline.png").empty());
+    const auto plot = sf::test::run_command(kSanaflow + " plot " + out + "/cache");
+    EXPECT_EQ(plot.exit_code, 0) << plot.output;
+    EXPECT_FALSE(cv::imread(out + "/cache/memory_timeline.png").empty()) << plot.output;
     // Again: the prep part finds everything cached and loads no encoder.
     auto again = sf::test::run_command(kSanaflow + " train" + precision + rest);
     EXPECT_EQ(again.exit_code, 0) << again.output;

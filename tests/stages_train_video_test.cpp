@@ -196,14 +196,14 @@ TEST(TrainStepVideo, EveryRemedyGivesThePlainGradients) {
     o.accumulation = 2;
     remedies.emplace_back("accumulation", o);
     o = plain;
-    o.ff_chunk_frames = 1;
+    o.ff_chunk_size = 1;
     remedies.emplace_back("chunked feed-forward", o);
     o = plain;
     o.mixed_precision = "no";
     o.gradient_checkpointing = 1;
     o.attention = "chunked";
     o.attention_chunk = 5;
-    o.ff_chunk_frames = 2;
+    o.ff_chunk_size = 2;
     o.accumulation = 2;
     remedies.emplace_back("all but precision and the fused pass", o);
     for (const auto& [what, options] : remedies) {
@@ -225,7 +225,7 @@ TEST(TrainStepVideo, MixedPrecisionWorksWithEveryAttentionKernel) {
     auto chunked = dense;
     chunked.attention = "chunked";
     chunked.attention_chunk = 7;
-    chunked.ff_chunk_frames = 1;
+    chunked.ff_chunk_size = 1;
     const auto grads = step_gradients(chunked);
     for (size_t i = 0; i < grads.size(); ++i) {
         ASSERT_TRUE(torch::isfinite(grads[i].second).all().item<bool>()) << grads[i].first;

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "core/timeline.h"
 #include "pipelines/inspect.h"
 #include "pipelines/models_table.h"
 #include "pipelines/prep/prep.h"
@@ -78,6 +79,9 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         sf::log_info("train: --cache_latents: latents are always cached (prep writes them once)");
     }
     const bool prep_first = !c.prep.instance_data_dir.empty() || !c.prep.manifest.empty();
+    // Around prep and train both, so OUTPUT_DIR's timeline shows the whole job.
+    const sf::mem::TimelineFile timeline(
+        (fs::path(o.output_dir) / sf::mem::kTimelineFileName).string());
     if (prep_first) {
         if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
         PrepOptions p = c.prep;
@@ -101,16 +105,25 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
     const auto report = sf::pipelines::run_train(o);
     std::cout << report.summary();
 #if defined(SANAFLOW_WITH_MEDIA)
-    if (!report.weights_path.empty())
+    if (!report.weights_path.empty()) {
         std::cout << "plot: " << sf::tools::plot_metrics(o.output_dir) << "\n";
+        try {
+            std::cout << "plot: " << sf::tools::plot_memory_timeline(o.output_dir) << "\n";
+        } catch (const sf::Error& e) {
+            sf::log_warn("{}", e.what());  // the weights are what matters; they are written
+        }
+    }
 #endif
     return 0;
 }
 
-// `sanaflow plot OUTPUT_DIR`.
+// `sanaflow plot DIR`: a run's metrics and memory timeline, or a cache's timeline alone.
 int run_plot_command(const std::string& output_dir) {
 #if defined(SANAFLOW_WITH_MEDIA)
-    std::cout << sf::tools::plot_metrics(output_dir) << "\n";
+    const bool metrics = fs::exists(fs::path(output_dir) / "metrics.jsonl");
+    const bool timeline = fs::exists(fs::path(output_dir) / sf::mem::kTimelineFileName);
+    if (metrics || !timeline) std::cout << sf::tools::plot_metrics(output_dir) << "\n";
+    if (timeline) std::cout << sf::tools::plot_memory_timeline(output_dir) << "\n";
     return kExitOk;
 #else
     (void)output_dir;
@@ -213,7 +226,9 @@ void define_commands(Cli& c) {
 
     c.plot_cmd = app.add_subcommand(
         "plot",
-        "draw OUTPUT_DIR/metrics.jsonl (loss, learning rate, peak memory) into metrics.png");
+        "draw OUTPUT_DIR/metrics.jsonl (loss, learning rate, peak memory) into metrics.png and "
+        "memory_timeline.json (memory over time with the phases and models; also a cache's) into "
+        "memory_timeline.png");
     c.plot_cmd->add_option("output_dir", c.plot_dir, "a training run's output directory")
         ->required()
         ->check(CLI::ExistingDirectory);

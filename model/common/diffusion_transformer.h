@@ -40,9 +40,10 @@ public:
     // in backward.
     virtual void set_gradient_checkpointing(int64_t every) = 0;
     virtual void set_attention(AttentionKernel kernel, int64_t chunk) = 0;
-    // The feed-forward run over `frames` latent frames at a time (0: all): video transformers;
-    // an image transformer refuses any other value than 0 (sf::Error kInvalidArgument).
-    virtual void set_feed_forward_chunk(int64_t frames) = 0;
+    // The feed-forward run over `size` latent rows (of the token grid: an image transformer) or
+    // latent frames (a video transformer) at a time, each chunk recomputed in backward; 0: all
+    // at once. Negative is sf::Error kInvalidArgument.
+    virtual void set_feed_forward_chunk(int64_t size) = 0;
 
     // 4 for [B, C, h, w] latents, 5 for [B, C, f, h, w].
     virtual int64_t latent_rank() const = 0;

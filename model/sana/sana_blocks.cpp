@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/torch_compat.h"
+#include "model/common/checkpoint.h"
 #include "model/common/lora.h"
 
 namespace sf::model {
@@ -224,11 +225,35 @@ SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
         register_module("conv_point", nn::Conv2d(nn::Conv2dOptions(hidden, dim, 1).bias(false)));
 }
 
-at::Tensor SanaGLUMBConvImpl::forward(const at::Tensor& x) {
+at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int64_t count) {
     // F = the hidden width.
-    at::Tensor y = conv_depth(torch::silu(conv_inverted(x)));  // [B, 2F, h, w]
-    const auto halves = y.chunk(2, 1);                         // value, gate: [B, F, h, w] each
-    return conv_point(halves[0] * torch::silu(halves[1]));     // [B, D, h, w]
+    at::Tensor y = conv_depth(torch::silu(conv_inverted(window)));  // [B, 2F, rows, w]
+    if (window.size(2) != count) y = y.narrow(2, first, count);     // drop the halo's rows
+    const auto halves = y.chunk(2, 1);                      // value, gate: [B, F, count, w] each
+    return conv_point(halves[0] * torch::silu(halves[1]));  // [B, D, count, w]
+}
+
+at::Tensor SanaGLUMBConvImpl::forward(const at::Tensor& x) {
+    const int64_t height = x.size(2);
+    if (chunk_rows <= 0 || chunk_rows >= height) return rows(x, 0, height);
+    // Each chunk's inputs are its own rows (a split, whose backward gathers the gradients in one
+    // concatenation) and one row of each neighbour as the halo, so no chunk's backward makes a
+    // gradient of the whole x.
+    const std::vector<at::Tensor> pieces = x.split(chunk_rows, 2);
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        std::vector<at::Tensor> in;
+        const bool above = i > 0, below = i + 1 < pieces.size();
+        if (above) in.push_back(pieces[i - 1].narrow(2, pieces[i - 1].size(2) - 1, 1));
+        in.push_back(pieces[i]);
+        if (below) in.push_back(pieces[i + 1].narrow(2, 0, 1));
+        const int64_t first = above ? 1 : 0, count = pieces[i].size(2);
+        auto fn = [this, first, count](const std::vector<at::Tensor>& window) {
+            return rows(at::cat(window, 2), first, count);  // [B, D, count (+ halo), w]
+        };
+        parts.push_back(at::GradMode::is_enabled() ? checkpoint(fn, in) : fn(in));
+    }
+    return at::cat(parts, 2);  // [B, D, h, w]
 }
 
 SanaTransformerBlockImpl::SanaTransformerBlockImpl(const SanaTransformerConfig& c) {

@@ -133,10 +133,21 @@ TORCH_MODULE(SanaCrossAttention);
 
 // Mix-FFN: 1x1 conv to 2h + SiLU, 3x3 depthwise conv, x * SiLU(gate), 1x1 conv back to D (no
 // bias). The depthwise conv is what gives linear attention its sense of locality.
+//
+// With chunk_rows k > 0 it runs over k rows of the latent at a time, each chunk checkpointed in
+// grad mode (model/common/checkpoint.h): the 2h-wide hidden activations exist for k rows at once,
+// in the forward and again in the backward, and none is kept between them. The 3x3 conv of rows
+// [r, r + k) reads rows r - 1 and r + k, so each chunk takes them as a halo and drops their
+// output (k + 2 rows computed for k); at the image's edge the conv's zero padding stands in for
+// them as in the whole run. The result and the gradients are those of the unchunked run.
 struct SanaGLUMBConvImpl : torch::nn::Module {
     SanaGLUMBConvImpl(int64_t dim, int64_t hidden);
     at::Tensor forward(const at::Tensor& x);  // [B, D, h, w] -> [B, D, h, w]
+    // `count` rows of the result from `window` [B, D, rows, w], rows of x whose first `first`
+    // (and any after the `count`) are halo: -> [B, D, count, w].
+    at::Tensor rows(const at::Tensor& window, int64_t first, int64_t count);
     torch::nn::Conv2d conv_inverted{nullptr}, conv_depth{nullptr}, conv_point{nullptr};
+    int64_t chunk_rows = 0;  // 0: every row at once
 };
 TORCH_MODULE(SanaGLUMBConv);
 

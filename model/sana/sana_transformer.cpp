@@ -173,14 +173,14 @@ void SanaTransformerImpl::set_attention(AttentionKernel kernel, int64_t chunk) {
     }
 }
 
-void SanaTransformerImpl::set_feed_forward_chunk(int64_t frames) {
-    if (frames != 0) {
-        throw Error::InvalidArgument(fmt::format(
-            "SanaTransformer: a feed-forward chunk of {} frames asked of an image transformer "
-            "(its feed-forward runs on one image; chunking over frames is the video "
-            "transformer's)",
-            frames));
+void SanaTransformerImpl::set_feed_forward_chunk(int64_t rows) {
+    if (rows < 0) {
+        throw Error::InvalidArgument(
+            fmt::format("SanaTransformer: feed-forward chunk must be 0 (off) or a number of "
+                        "latent rows, got {}",
+                        rows));
     }
+    for (auto& block : blocks_) block->ff->chunk_rows = rows;
 }
 
 }  // namespace sf::model

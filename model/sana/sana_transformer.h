@@ -65,7 +65,7 @@ public:
     // LibTorch has no fused attention. chunk < 1 is sf::Error kInvalidArgument.
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
     // Video transformers only: any value but 0 is sf::Error kInvalidArgument.
-    void set_feed_forward_chunk(int64_t frames) override;
+    void set_feed_forward_chunk(int64_t rows) override;
 
     const SanaTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }

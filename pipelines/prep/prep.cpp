@@ -12,6 +12,7 @@
 #include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/timeline.h"
 #include "model/gemma/text_prompt.h"
 #include "pipelines/prep/prep_phases.h"
 #include "stages/image/aspect_buckets.h"
@@ -351,6 +352,8 @@ PrepReport run_prep(const PrepOptions& options) {
     const PrepOptions o = with_bucket_table(options);
     validate(o);
     const auto t0 = std::chrono::steady_clock::now();
+    const mem::TimelineFile timeline_file(
+        (std::filesystem::path(o.cache_dir) / mem::kTimelineFileName).string());
     PrepReport report;
     const PrepStages stages = make_stages(o, o.center_crop ? options.resolution : 0);
 
@@ -364,7 +367,10 @@ PrepReport run_prep(const PrepOptions& options) {
          {"mp4", "mov", "m4v", "mkv", "webm", "avi", "mpg", "mpeg", "ts", "flv", "ogv", "gif"}) {
         dataset.extensions.push_back(e);
     }
-    const stages::DatasetScan scan = stages::scan_dataset(dataset);
+    const stages::DatasetScan scan = [&] {
+        const mem::Span span("prep", "scan");
+        return stages::scan_dataset(dataset);
+    }();
     report.scanned = static_cast<int64_t>(scan.samples.size());
     report.stages.push_back(
         {"scan", report.scanned, static_cast<int64_t>(scan.rejects.size()), seconds_since(t0), 0});
@@ -381,8 +387,10 @@ PrepReport run_prep(const PrepOptions& options) {
     }
 
     const auto index_t0 = std::chrono::steady_clock::now();
-    const IndexResult index =
-        run_index_phase(stages, cache, scan.samples, o, samples_writer, report);
+    const IndexResult index = [&] {
+        const mem::Span span("prep", "index");
+        return run_index_phase(stages, cache, scan.samples, o, samples_writer, report);
+    }();
     std::vector<const PlannedSample*> todo, clips;
     for (const auto& p : index.plan) {
         if (p.sample.path.empty()) continue;
@@ -398,11 +406,18 @@ PrepReport run_prep(const PrepOptions& options) {
     if (!clips.empty()) check_video_fingerprint(cache, stages, o);
     report.rejected = static_cast<int64_t>(scan.rejects.size()) + index.rejected;
 
-    if (stages.text) run_text_phase(*stages.text, cache, index.plan, o, report);
-    const std::set<std::string> rejected_keys =
-        run_image_phase(stages, cache, std::move(todo), o, samples_writer, report);
+    if (stages.text) {
+        const mem::Span span("prep", "text");
+        run_text_phase(*stages.text, cache, index.plan, o, report);
+    }
+    std::set<std::string> rejected_keys;
+    {
+        const mem::Span span("prep", "image");
+        rejected_keys = run_image_phase(stages, cache, std::move(todo), o, samples_writer, report);
+    }
     VideoResult video;
     if (!clips.empty()) {
+        const mem::Span span("prep", "video");
         video = run_video_phase(stages, cache, clips, o, samples_writer, report);
     }
     if (write_manifest(cache, index.plan, rejected_keys, video) == 0) {

@@ -246,7 +246,9 @@ std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& 
                          ? fmt::format("every {}", o.gradient_checkpointing)
                          : "off",
                      o.attention, o.fused_backward_pass ? "on" : "off",
-                     o.ff_chunk_frames > 0 ? fmt::format("{} frames", o.ff_chunk_frames) : "off")},
+                     o.ff_chunk_size > 0 ? fmt::format("{} latent {}", o.ff_chunk_size,
+                                                       model.latent_rank() == 5 ? "frames" : "rows")
+                                         : "off")},
         {"output", o.output_dir},
     };
     std::string out = "train: resolved configuration";

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/timeline.h"
 #include "graph/progress.h"
 #include "model/common/lora.h"
 #include "model/common/weights.h"
@@ -103,7 +104,7 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.attention = o.attention;
     s.accumulation = o.gradient_accumulation_steps;
     s.fused_backward = o.fused_backward_pass;
-    s.ff_chunk_frames = o.ff_chunk_frames;
+    s.ff_chunk_size = o.ff_chunk_size;
     s.max_grad_norm = o.max_grad_norm;
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;
@@ -206,6 +207,7 @@ std::string save_final_weights(const TrainOptions& o, model::DiffusionTransforme
 // (pytorch_lora_weights.safetensors, alpha / rank baked in), so a pipeline loads any checkpoint.
 std::string save_run_checkpoint(const TrainOptions& o, const training::RunParts& run,
                                 const std::vector<double>& losses, int64_t total_limit) {
+    const mem::Span span("train", fmt::format("checkpoint at step {}", run.step.steps_done()));
     train::CheckpointExtras lora;
     if (o.rank > 0) {
         lora = [&run](const std::string& dir) {
@@ -479,6 +481,10 @@ TrainReport run_train(const TrainOptions& options) {
     validate(options);
     const TrainOptions& o = options;  // until the samplers resolve the run's steps
     const auto t0 = std::chrono::steady_clock::now();
+    // Written at the end, also when the run fails (the timeline of an out-of-memory run is the
+    // one worth reading).
+    const mem::TimelineFile timeline_file(
+        (fs::path(o.output_dir) / mem::kTimelineFileName).string());
     const c10::Device device = resolve_device(o.device);
     if (o.allow_tf32) {
         at::globalContext().setAllowTF32CuBLAS(true);

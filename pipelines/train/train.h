@@ -32,7 +32,7 @@ struct TrainOptions {
     int64_t gradient_checkpointing = 0;  // every k-th block; 0 off
     std::string attention = "dense";     // dense, chunked, fused
     bool fused_backward_pass = false;
-    int64_t ff_chunk_frames = 0;  // video: the feed-forward over k latent frames at a time; 0 off
+    int64_t ff_chunk_size = 0;  // the feed-forward over k latent rows or frames at a time; 0 off
 
     // Optimisation.
     int64_t train_batch_size = 4;

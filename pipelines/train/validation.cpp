@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/timeline.h"
 #include "graph/device_lease.h"
 #include "model/common/autocast.h"
 #include "model/common/diffusion_transformer.h"
@@ -142,6 +143,7 @@ bool Validator::due(int64_t step) const {
 
 ValidationResult Validator::run(model::DiffusionTransformer& model,
                                 const train::TrainStepOptions& options, int64_t step) {
+    const mem::Span span("train", fmt::format("validation at step {}", step));
     mem::release_memory("validation start");  // what the last step left cached
     mem::reset_peak();
     auto lease = graph::device_lease().acquire("validation");

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/shape.h"
+#include "core/timeline.h"
 #include "model/common/autocast.h"
 #include "model/common/chunked_attention.h"
 
@@ -151,14 +152,17 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
     model_->set_gradient_checkpointing(options_.gradient_checkpointing);
     model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
-    model_->set_feed_forward_chunk(options_.ff_chunk_frames);
+    model_->set_feed_forward_chunk(options_.ff_chunk_size);
     model_->module().train();
     if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
 }
 
 TrainStep::~TrainStep() = default;
 
-void TrainStep::begin_phase() { mem::reset_peak(); }
+void TrainStep::begin_phase() {
+    mem::reset_peak();
+    phase_begin_ = mem::process_seconds();
+}
 
 void TrainStep::add_phase_peak(const std::string& phase, const PhasePeak& now) {
     PhasePeak& peak = peaks_[phase];
@@ -171,6 +175,10 @@ void TrainStep::end_phase(const std::string& phase) {
     add_phase_peak(phase, {cuda ? mem::cuda_stats(device_.index() < 0 ? 0 : device_.index()).peak
                                 : mem::cpu_stats().peak,
                            mem::peak_rss_bytes()});
+    if (mem::timeline().recording()) {
+        mem::timeline().add_span("train", fmt::format("step {} {}", step_ + 1, phase), phase_begin_,
+                                 mem::process_seconds());
+    }
     if (step_ < options_.mark_steps)
         mem::memory_log().mark("train", fmt::format("step {} {}", step_ + 1, phase));
 }
@@ -215,6 +223,7 @@ FrameTimesteps TrainStep::frame_timesteps(const MicroBatch& mb, at::Generator& g
 }
 
 StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen) {
+    const mem::Span span("train", fmt::format("step {}", step_ + 1));
     StepResult result;
     result.lr = schedule_.at(step_);
     const bool autocast = autocast_dtype_ != at::kFloat;

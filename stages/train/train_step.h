@@ -45,13 +45,13 @@ struct TrainStepOptions {
     int64_t gradient_checkpointing = 0;  // 0 off; k: every k-th block recomputed in backward
     std::string attention = "dense";     // cross-attention: "dense", "chunked", "fused"
     int64_t attention_chunk = 1024;      // query rows per chunk for "chunked"
-    int64_t ff_chunk_frames = 0;         // video: feed-forward over k latent frames at a time
-    int64_t accumulation = 1;            // micro-batches per optimizer step
-    bool fused_backward = false;         // update each parameter inside the backward pass
-    double max_grad_norm = 0;            // global-norm clipping; 0 = off
-    bool loss_scaling = false;           // dynamic loss scaling (on by default for fp16)
-    int64_t mark_steps = 2;              // steps whose phases are marked in the memory log
-    bool keep_gradients = false;         // leave .grad after the step, for inspection (not fused)
+    int64_t ff_chunk_size = 0;    // feed-forward over k latent rows (image) or frames (video)
+    int64_t accumulation = 1;     // micro-batches per optimizer step
+    bool fused_backward = false;  // update each parameter inside the backward pass
+    double max_grad_norm = 0;     // global-norm clipping; 0 = off
+    bool loss_scaling = false;    // dynamic loss scaling (on by default for fp16)
+    int64_t mark_steps = 2;       // steps whose phases are marked in the memory log
+    bool keep_gradients = false;  // leave .grad after the step, for inspection (not fused)
     FlowMatchingConfig flow;
     // Video windows (more than one latent frame) only: the chance that a micro-batch is an
     // image-to-video one (latent frame 0 clean at timestep 0, out of the loss), drawn from the
@@ -132,6 +132,7 @@ private:
     std::unique_ptr<FusedUpdate> fused_;
     int64_t step_ = 0;
     std::map<std::string, PhasePeak> peaks_;
+    double phase_begin_ = 0;  // mem::process_seconds() when the current phase began
 };
 
 }  // namespace sf::train

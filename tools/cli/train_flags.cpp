@@ -210,10 +210,11 @@ void add_video_train_flags(CLI::App* cmd, TrainOptions& o) {
                     "video caches: chance that a video batch is image-to-video (latent frame 0 "
                     "kept clean at timestep 0 and out of the loss)")
         ->capture_default_str();
-    cmd->add_option("--ff_chunk_frames", o.ff_chunk_frames,
-                    "video caches: run the feed-forward over k latent frames at a time, each "
-                    "chunk recomputed in backward (its 6x-wide hidden activations never whole); "
-                    "0 off")
+    cmd->add_option("--ff_chunk_size,--ff_chunk_frames", o.ff_chunk_size,
+                    "run the feed-forward over k latent rows (images; each chunk reads one row "
+                    "of halo on each side) or k latent frames (video) at a time, each chunk "
+                    "recomputed in backward, so its wide hidden activations are never whole; 0 "
+                    "off")
         ->check(integer_in(0, 1'000'000))
         ->capture_default_str();
     cmd->add_option("--chunk_index", o.chunk_index,

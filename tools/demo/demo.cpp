@@ -49,12 +49,12 @@ void run_demo_video(const fs::path& root) {
     t.checkpointing_steps = 0;
     t.gradient_checkpointing = 1;
     t.i2v_probability = 0.3;
-    t.ff_chunk_frames = 1;
+    t.ff_chunk_size = 1;
     std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir "
               << t.output_dir
               << " --full_finetune --max_train_steps 20 --train_batch_size 2 --learning_rate 1e-3 "
                  "--lr_warmup_steps 0 --gradient_checkpointing --i2v_probability 0.3 "
-                 "--ff_chunk_frames 1 --checkpointing_steps 0\n";
+                 "--ff_chunk_size 1 --checkpointing_steps 0\n";
     std::cout << sf::pipelines::run_train(t).summary();
 }
 
