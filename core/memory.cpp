@@ -86,10 +86,13 @@ public:
         int64_t excess = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            // Best fit among pooled blocks up to twice the size: the sizes of one forward pass
-            // differ from those of the next batch shape, and an exact match would miss there.
+            // Best fit among pooled blocks up to 1/8 larger: the sizes of one forward pass differ
+            // from those of the next batch shape, and an exact match would miss there; but a
+            // block reused for a smaller tensor keeps its touched pages resident, so a looser fit
+            // raises the resident set (memory_ablation, all remedies at 4096 px: fit 2x 1.30 GiB,
+            // 1/8 1.22 GiB, no pool 1.21 GiB; the step 19.9, 23.1 and 37.9 s).
             for (auto it = free_.lower_bound(capacity);
-                 it != free_.end() && it->first <= 2 * capacity; ++it) {
+                 it != free_.end() && it->first <= capacity + capacity / 8; ++it) {
                 if (it->second.empty()) continue;
                 void* base = it->second.back();
                 it->second.pop_back();

@@ -15,6 +15,7 @@
 #include "model/common/autocast.h"
 #include "model/common/checkpoint.h"
 #include "model/common/chunked_attention.h"
+#include "model/sana/sana_blocks.h"
 #include "model/sana/sana_transformer.h"
 #include "model_golden_util.h"
 
@@ -424,6 +425,78 @@ TEST(ChunkedAttention, SanaTransformerKernelsAgree) {
     }
     expect_same_grads(chunked, dense, 1e-4);
     expect_same_grads(fused, dense, 1e-4);
+}
+
+// The linear self-attention over token chunks (kv summed over chunks, then each chunk's output):
+// the whole run's output and gradients, in fp32 and under bf16 autocast, with a lower peak.
+TEST(ChunkedAttention, LinearSelfAttentionOverTokenChunksEqualsTheWholeRun) {
+    torch::manual_seed(13);
+    sf::model::SanaLinearAttention attn(64, 4, 16, /*bias=*/false, /*dropout=*/0.0);
+    const at::Tensor x0 = torch::randn({2, 4096, 64}), g = torch::randn({2, 4096, 64});
+    struct Run {
+        at::Tensor out, grad_x;
+        std::map<std::string, at::Tensor> grads;
+        int64_t peak = 0;
+    };
+    auto run = [&](int64_t chunk, bool bf16) {
+        attn->chunk_tokens = chunk;
+        Run r;
+        const at::Tensor x = x0.clone().requires_grad_(true);
+        r.peak = peak_bytes([&] {
+            AutocastGuard guard(at::kCPU, at::kBFloat16, bf16);
+            r.out = attn(x);
+            r.out.backward(g);
+        });
+        r.grad_x = x.grad();
+        for (const auto& p : attn->named_parameters()) {
+            r.grads[p.key()] = p.value().grad().clone();
+            p.value().mutable_grad() = at::Tensor();
+        }
+        return r;
+    };
+    const Run whole = run(0, false);
+    for (const int64_t chunk : {1000, 512, 4096}) {  // 1000 leaves a short last chunk
+        SCOPED_TRACE("chunk " + std::to_string(chunk));
+        const Run chunked = run(chunk, false);
+        expect_close(chunked.out, whole.out, 1e-5, 1e-5, "out");
+        expect_close(chunked.grad_x, whole.grad_x, 1e-5, 1e-5, "grad x");
+        for (const auto& [name, grad] : whole.grads)
+            expect_close(chunked.grads.at(name), grad, 1e-5, 1e-5, "grad." + name);
+        if (chunk == 512) {
+            std::printf(
+                "[ memory   ] linear attention N 4096: whole %.1f MB, 512-token chunks "
+                "%.1f MB\n",
+                whole.peak / 1e6, chunked.peak / 1e6);
+            EXPECT_LT(chunked.peak, whole.peak * 6 / 10) << "fp32 q, k, v kept whole";
+        }
+    }
+    // Under bf16 autocast each chunk's weight gradients are rounded to bf16 before they are
+    // summed (in fp32), the whole run's once: both are held to the fp32 run, and the chunked
+    // one is no further from it.
+    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+        return ((a.to(at::kFloat) - b).norm() / b.norm()).item<double>();
+    };
+    const Run whole_bf16 = run(0, true), chunked_bf16 = run(1000, true);
+    EXPECT_LT(rel(chunked_bf16.out, whole.out), 1.5 * rel(whole_bf16.out, whole.out) + 1e-3);
+    EXPECT_LT(rel(chunked_bf16.grad_x, whole.grad_x),
+              1.5 * rel(whole_bf16.grad_x, whole.grad_x) + 1e-3);
+    for (const auto& [name, grad] : whole.grads) {
+        const double err = rel(chunked_bf16.grads.at(name), grad);
+        const double whole_err = rel(whole_bf16.grads.at(name), grad);
+        std::printf("[ bf16     ] %-16s relative error to fp32: whole %.4f, chunked %.4f\n",
+                    name.c_str(), whole_err, err);
+        EXPECT_LT(err, 0.1) << name;
+        EXPECT_LT(err, 1.5 * whole_err + 1e-3) << name;
+    }
+    // The transformer sets it with the memory-saving kinds only.
+    SanaTransformer model(tiny_config(1));
+    const auto block =
+        std::dynamic_pointer_cast<sf::model::SanaTransformerBlockImpl>(model->blocks().at(0));
+    ASSERT_TRUE(block);
+    model->set_attention(AttentionKernel::kChunked, 7);
+    EXPECT_EQ(block->attn1->chunk_tokens, 7);
+    model->set_attention(AttentionKernel::kDense, 7);
+    EXPECT_EQ(block->attn1->chunk_tokens, 0);
 }
 
 TEST(Autocast, NestedGuardsRestoreThePreviousState) {

@@ -145,31 +145,52 @@ SanaLinearAttentionImpl::SanaLinearAttentionImpl(int64_t dim, int64_t heads_, in
                              make_attention_output(inner, dim, dropout, out_proj, out_dropout));
 }
 
-at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
-    const auto dtype = x.scalar_type();
-    const int64_t batch = x.size(0), tokens = x.size(1);
-    // Heads split the channels: channel c = head * d + i.
-    auto split_heads = [&](const at::Tensor& t) {
-        return t.transpose(1, 2).reshape({batch, heads, -1, tokens});  // [B, N, C] -> [B, H, d, N]
-    };
-    at::Tensor q = split_heads(apply_linear(to_q, x));
-    at::Tensor k = split_heads(apply_linear(to_k, x)).transpose(2, 3);  // -> [B, H, N, d]
-    at::Tensor v = split_heads(apply_linear(to_v, x));
-    const int64_t d = v.size(2);
+namespace {
+// [B, n, H * d] -> [B, H, d, n]: heads split the channels, channel c = head * d + i.
+at::Tensor split_heads(const at::Tensor& t, int64_t heads) {
+    const int64_t batch = t.size(0), tokens = t.size(1);
+    return t.transpose(1, 2).reshape({batch, heads, -1, tokens});
+}
+}  // namespace
 
-    q = torch::relu(q).to(at::kFloat);
-    k = torch::relu(k).to(at::kFloat);
-    v = v.to(at::kFloat);
+at::Tensor SanaLinearAttentionImpl::key_values(const at::Tensor& x) {
+    const at::Tensor k = torch::relu(split_heads(apply_linear(to_k, x), heads).transpose(2, 3))
+                             .to(at::kFloat);                                 // [B, H, n, d]
+    at::Tensor v = split_heads(apply_linear(to_v, x), heads).to(at::kFloat);  // [B, H, d, n]
     // The row of ones makes the last output row sum_j k_j . q: the softmax-free normaliser.
-    v = at::constant_pad_nd(v, {0, 0, 0, 1}, 1.0);              // [B, H, d, N] -> [B, H, d + 1, N]
-    const at::Tensor kv = at::matmul(v, k);                     // [B, H, d + 1, d]
-    at::Tensor out = at::matmul(kv, q);                         // [B, H, d + 1, N]
-    out = out.narrow(2, 0, d) / (out.narrow(2, d, 1) + 1e-15);  // [B, H, d, N]
-    out = out.reshape({batch, -1, tokens}).transpose(1, 2).to(dtype);  // [B, H, d, N] -> [B, N, C]
+    v = at::constant_pad_nd(v, {0, 0, 0, 1}, 1.0);  // [B, H, d, n] -> [B, H, d + 1, n]
+    return at::matmul(v, k);                        // [B, H, d + 1, d]
+}
 
+at::Tensor SanaLinearAttentionImpl::attend(const at::Tensor& x, const at::Tensor& kv) {
+    const auto dtype = x.scalar_type();
+    const int64_t batch = x.size(0), tokens = x.size(1), d = kv.size(3);
+    const at::Tensor q =
+        torch::relu(split_heads(apply_linear(to_q, x), heads)).to(at::kFloat);  // [B, H, d, n]
+    at::Tensor out = at::matmul(kv, q);                                         // [B, H, d + 1, n]
+    out = out.narrow(2, 0, d) / (out.narrow(2, d, 1) + 1e-15);                  // [B, H, d, n]
+    out = out.reshape({batch, -1, tokens}).transpose(1, 2).to(dtype);  // [B, H, d, n] -> [B, n, C]
     out = out_dropout(apply_linear(out_proj, out));
     if (dtype == at::kHalf) out = out.clamp(-65504, 65504);
     return out;
+}
+
+at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
+    if (chunk_tokens <= 0 || chunk_tokens >= x.size(1)) return attend(x, key_values(x));
+    const bool grad = at::GradMode::is_enabled();
+    const std::vector<at::Tensor> pieces = x.split(chunk_tokens, 1);  // [B, n, D] each
+    at::Tensor kv;
+    for (const at::Tensor& piece : pieces) {
+        auto fn = [this](const std::vector<at::Tensor>& in) { return key_values(in[0]); };
+        const at::Tensor part = grad ? checkpoint(fn, {piece}) : fn({piece});
+        kv = kv.defined() ? kv + part : part;
+    }
+    std::vector<at::Tensor> outs;
+    for (const at::Tensor& piece : pieces) {
+        auto fn = [this](const std::vector<at::Tensor>& in) { return attend(in[0], in[1]); };
+        outs.push_back(grad ? checkpoint(fn, {piece, kv}) : fn({piece, kv}));
+    }
+    return at::cat(outs, 1);  // [B, N, D]
 }
 
 SanaCrossAttentionImpl::SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads_,

@@ -95,10 +95,21 @@ TORCH_MODULE(SanaPatchEmbed);
 // per head, out = (v_pad k^T) q with v padded by a row of ones, whose last row is the normaliser;
 // computed in fp32 whatever the input dtype. `to_out` is a ModuleList as upstream: "0" the
 // output Linear, "1" a Dropout (no parameters).
+//
+// With chunk_tokens n > 0 (the chunked and fused attention kinds) it runs over n tokens at a time
+// in two passes, each chunk checkpointed in grad mode: kv = the sum of every chunk's v_pad k^T,
+// then each chunk's output from kv and its own q. Only the small kv ([B, H, d + 1, d]) and the
+// chunks' inputs are kept, so the fp32 q, k, v of the whole sequence never exist at once; the
+// result equals the whole run's up to the order of kv's sum.
 struct SanaLinearAttentionImpl : torch::nn::Module {
     SanaLinearAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool bias,
                             double dropout);
     at::Tensor forward(const at::Tensor& x);  // [B, N, D] -> [B, N, D]
+    // x [B, n, D] -> its part of kv: [B, H, d + 1, d], fp32.
+    at::Tensor key_values(const at::Tensor& x);
+    // x [B, n, D] and kv of the whole sequence -> the output of x's tokens [B, n, D].
+    at::Tensor attend(const at::Tensor& x, const at::Tensor& kv);
+    int64_t chunk_tokens = 0;  // 0: every token at once
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
     torch::nn::ModuleList to_out{nullptr};
     torch::nn::Linear out_proj{nullptr};      // to_out[0]

@@ -62,7 +62,9 @@ public:
 
     // The cross-attention kernel of every block (model/chunked_attention.h); kDense by default.
     // `chunk` (query rows per chunk, at least 1) is used by kChunked, and by kFused where the
-    // LibTorch has no fused attention. chunk < 1 is sf::Error kInvalidArgument.
+    // LibTorch has no fused attention. With kChunked and kFused the linear self-attention runs
+    // over `chunk` tokens at a time too (SanaLinearAttentionImpl::chunk_tokens). chunk < 1 is
+    // sf::Error kInvalidArgument.
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
     // Video transformers only: any value but 0 is sf::Error kInvalidArgument.
     void set_feed_forward_chunk(int64_t rows) override;
