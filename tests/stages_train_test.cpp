@@ -13,6 +13,7 @@
 #include "core/memory.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
+#include "stages/train/auto_fit.h"
 #include "stages/train/flow_matching.h"
 #include "stages/train/optim.h"
 #include "stages/train/train_data.h"
@@ -430,6 +431,122 @@ TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
         EXPECT_TRUE(torch::allclose(p1[i].second.grad(), p2[i].second.grad(), 1e-4, 1e-6))
             << p1[i].first;
     }
+}
+
+// A micro-batch split into passes: the same loss and gradients as the whole micro-batch (the
+// samples and noise are drawn for the whole), with unequal parts (3 samples in 2 passes) and one
+// sample per pass, with less memory in the forward.
+TEST(TrainStep, ASplitMicroBatchGivesTheGradientsOfTheWholeWithLessMemory) {
+    const sf::train::MicroBatch batch = sample_batch(3);
+    auto run = [&](int64_t split) {
+        sf::train::TrainStepOptions o;
+        o.keep_gradients = true;
+        o.micro_batch_split = split;
+        auto step = make_step(seeded_model(), o, 0.0);
+        at::Generator gen = at::detail::createCPUGenerator(1);
+        const auto r = step.step([&](int64_t) { return batch; }, gen);
+        std::map<std::string, at::Tensor> grads;
+        for (const auto& [name, p] : named(step.model().module())) grads[name] = p.grad().clone();
+        return std::make_tuple(r.loss, grads, step.phase_peaks().at("forward").tensor_bytes);
+    };
+    const auto [loss, grads, forward_peak] = run(1);
+    for (const int64_t split : {2, 3, 8}) {  // 8 > 3 samples: one sample per pass
+        SCOPED_TRACE("split " + std::to_string(split));
+        const auto [split_loss, split_grads, split_peak] = run(split);
+        EXPECT_NEAR(split_loss, loss, 1e-6 * std::abs(loss));
+        for (const auto& [name, g] : grads)
+            EXPECT_TRUE(torch::allclose(split_grads.at(name), g, 1e-5, 1e-7)) << name;
+        if (split == 3) {
+            EXPECT_LT(split_peak, forward_peak) << "the passes kept every sample";
+        }
+    }
+    sf::train::TrainStepOptions bad;
+    bad.micro_batch_split = 0;
+    EXPECT_THROW(make_step(seeded_model(), bad), sf::Error);
+}
+
+// --auto_fit's order: split the micro-batch down to one sample per pass, then checkpointing,
+// chunked attention, the chunked feed-forward, then nothing.
+TEST(AutoFit, RelievesCheapestFirstUntilNothingIsLeft) {
+    sf::train::TrainStepOptions o;
+    std::vector<std::string> changes;
+    while (auto change = sf::train::relieve(o, 5, /*video=*/false)) changes.push_back(*change);
+    ASSERT_EQ(changes.size(), 6u);
+    EXPECT_NE(changes[0].find("--micro_batch_split 2"), std::string::npos) << changes[0];
+    EXPECT_NE(changes[2].find("--micro_batch_split 8"), std::string::npos) << changes[2];
+    EXPECT_NE(changes[3].find("--gradient_checkpointing"), std::string::npos) << changes[3];
+    EXPECT_NE(changes[4].find("--attention chunked"), std::string::npos) << changes[4];
+    EXPECT_NE(changes[5].find("--ff_chunk_size 8"), std::string::npos) << changes[5];
+    EXPECT_EQ(o.micro_batch_split, 8);
+    EXPECT_EQ(o.gradient_checkpointing, 1);
+    EXPECT_EQ(o.attention, "chunked");
+    EXPECT_EQ(o.ff_chunk_size, 8);
+    sf::train::TrainStepOptions video;
+    video.micro_batch_split = 1;
+    video.gradient_checkpointing = 1;
+    video.attention = "fused";
+    ASSERT_TRUE(sf::train::relieve(video, 1, /*video=*/true));
+    EXPECT_EQ(video.ff_chunk_size, 1) << "a video's feed-forward a frame at a time";
+}
+
+// A step that ran out of memory before AdamW began may be run again; once the fused pass has
+// updated a parameter it may not (the retry would update it twice).
+TEST(AutoFit, AStepIsRetryableOnlyWhileNoParameterWasUpdated) {
+    const sf::train::MicroBatch batch = sample_batch(2);
+    for (const bool fused : {false, true}) {
+        SCOPED_TRACE(fused ? "fused" : "plain");
+        sf::train::TrainStepOptions o;
+        o.fused_backward = fused;
+        auto step = make_step(seeded_model(), o);
+        at::Generator gen = at::detail::createCPUGenerator(1);
+        // Out of memory in the forward: nothing changed.
+        EXPECT_THROW(step.step(
+                         [&](int64_t) {
+                             sf::mem::set_cpu_budget(sf::mem::cpu_stats().current + (256 << 10));
+                             return batch;
+                         },
+                         gen),
+                     sf::Error);
+        sf::mem::set_cpu_budget(0);
+        EXPECT_TRUE(step.retryable());
+        sf::train::TrainStepOptions adapted = step.options();
+        adapted.micro_batch_split = 2;
+        step.adapt(adapted);
+        EXPECT_EQ(step.options().micro_batch_split, 2);
+        EXPECT_NO_THROW(step.step([&](int64_t) { return batch; }, gen));
+    }
+}
+
+// Sets a byte budget just above what is live when the fused pass reduces its second parameter:
+// the first is updated by then, and the second's AdamW state does not fit.
+class BudgetAtSecondReduce final : public sf::train::GradientSync {
+public:
+    void reduce_one(size_t, const at::Tensor&) override {
+        if (++calls == 2) sf::mem::set_cpu_budget(sf::mem::cpu_stats().current + 1024);
+    }
+    int calls = 0;
+};
+
+TEST(AutoFit, AStepThatUpdatedAParameterIsNotRetryable) {
+    sf::train::TrainStepOptions o;
+    o.fused_backward = true;
+    auto model = seeded_model();
+    sf::train::AdamWOptions a;
+    auto sync = std::make_shared<BudgetAtSecondReduce>();
+    sf::train::TrainStep step(model.ptr(), named(*model), a,
+                              sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
+                              c10::Device(c10::kCPU), sync);
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    const sf::train::MicroBatch batch = sample_batch(2);
+    try {
+        step.step([&](int64_t) { return batch; }, gen);
+        ADD_FAILURE() << "the step fit";
+    } catch (const sf::Error& e) {
+        EXPECT_EQ(e.code(), sf::ErrorCode::kOutOfMemory) << e.what();
+    }
+    sf::mem::set_cpu_budget(0);
+    EXPECT_GE(sync->calls, 2);
+    EXPECT_FALSE(step.retryable()) << "a retry would update the first parameter twice";
 }
 
 TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {

@@ -23,6 +23,7 @@
 #include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train_setup.h"
 #include "pipelines/train/validation.h"
+#include "stages/train/auto_fit.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
 
@@ -105,6 +106,7 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.accumulation = o.gradient_accumulation_steps;
     s.fused_backward = o.fused_backward_pass;
     s.ff_chunk_size = o.ff_chunk_size;
+    s.micro_batch_split = o.micro_batch_split;
     s.max_grad_norm = o.max_grad_norm;
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;
@@ -320,31 +322,73 @@ struct StepSinks {
 
 // The optimizer steps from where the run stands to max_train_steps: each logged, written to the
 // sinks, and checkpointed every --checkpointing_steps.
+// One step of the run. With --auto_fit a step that runs out of memory is run again with the next
+// remedy (stages/train/auto_fit.h) on the same samples and noise: the samplers and the generators
+// are put back where the failed attempt found them.
+train::StepResult fitted_step(const TrainOptions& o, const train::TrainingSet& set,
+                              Samplers& samplers, const training::RunParts& run,
+                              TrainReport& report, int64_t& samples) {
+    train::TrainStep& trainer = run.step;
+    at::Generator& gen = run.data_gen;
+    at::Generator global = at::detail::getDefaultCPUGenerator();
+    for (;;) {
+        const auto main_at = samplers.main->position();
+        const auto images_at = samplers.images ? samplers.images->position() : main_at;
+        const at::Tensor gen_state = o.auto_fit ? gen.get_state() : at::Tensor();
+        const at::Tensor global_state = o.auto_fit ? global.get_state() : at::Tensor();
+        const size_t frames = report.batch_frames.size();
+        samples = 0;
+        try {
+            return trainer.step(
+                [&](int64_t k) {
+                    train::TrainingBatch b;
+                    const int64_t step = trainer.steps_done();
+                    while (b.indices.empty()) {
+                        b = set.load(samplers.next(step, o.joint_training_interval),
+                                     o.caption_dropout, gen);
+                    }
+                    samples += static_cast<int64_t>(b.indices.size());
+                    if (k == 0)
+                        report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
+                    return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
+                },
+                gen);
+        } catch (const Error& e) {
+            if (!o.auto_fit || e.code() != ErrorCode::kOutOfMemory || !trainer.retryable()) throw;
+            train::TrainStepOptions adapted = trainer.options();
+            const auto change =
+                train::relieve(adapted, o.train_batch_size, trainer.model().latent_rank() == 5);
+            if (!change) {
+                throw Error::OutOfMemory(fmt::format(
+                    "{} (--auto_fit turned on every remedy it may: the micro-batch split, "
+                    "checkpointing, chunked attention and feed-forward; left to try: "
+                    "--mixed_precision bf16, LoRA, a smaller --resolution)",
+                    e.what()));
+            }
+            samplers.main->seek(main_at);
+            if (samplers.images) samplers.images->seek(images_at);
+            gen.set_state(gen_state);
+            global.set_state(global_state);
+            report.batch_frames.resize(frames);
+            trainer.adapt(adapted);
+            log_warn(
+                "train: --auto_fit: step {} ran out of memory; from now on: {}; running it again",
+                trainer.steps_done() + 1, *change);
+        }
+    }
+}
+
 void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
                std::optional<std::string>& last_checkpoint, StepSinks& sinks,
                training::Validator& validator) {
     train::TrainStep& trainer = run.step;
-    at::Generator& gen = run.data_gen;
     const bool writes = trainer.gradient_sync().writes_files();
     graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
     while (trainer.steps_done() < o.max_train_steps) {
         const auto start = std::chrono::steady_clock::now();
         int64_t samples = 0;
-        const train::StepResult r = trainer.step(
-            [&](int64_t k) {
-                train::TrainingBatch b;
-                const int64_t step = trainer.steps_done();
-                while (b.indices.empty()) {
-                    b = set.load(samplers.next(step, o.joint_training_interval), o.caption_dropout,
-                                 gen);
-                }
-                samples += static_cast<int64_t>(b.indices.size());
-                if (k == 0)
-                    report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
-                return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
-            },
-            gen);
+        const train::StepResult r = fitted_step(o, set, samplers, run, report, samples);
         stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
         progress.advance(1);

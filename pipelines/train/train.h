@@ -33,6 +33,10 @@ struct TrainOptions {
     std::string attention = "dense";     // dense, chunked, fused
     bool fused_backward_pass = false;
     int64_t ff_chunk_size = 0;  // the feed-forward over k latent rows or frames at a time; 0 off
+    int64_t micro_batch_split = 1;  // each micro-batch as this many passes (train_step.h)
+    // A step that runs out of memory is run again with the next remedy (stages/train/auto_fit.h)
+    // instead of ending the run.
+    bool auto_fit = false;
 
     // Optimisation.
     int64_t train_batch_size = 4;

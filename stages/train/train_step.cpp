@@ -37,6 +37,10 @@ void validate(const TrainStepOptions& o) {
         throw Error::InvalidArgument(
             fmt::format("--gradient_accumulation_steps must be >= 1, got {}", o.accumulation));
     }
+    if (o.micro_batch_split < 1) {
+        throw Error::InvalidArgument(
+            fmt::format("--micro_batch_split must be >= 1, got {}", o.micro_batch_split));
+    }
     if (o.max_grad_norm < 0) throw Error::InvalidArgument("--max_grad_norm must be >= 0");
     if (o.fused_backward && o.max_grad_norm > 0) {
         throw Error::InvalidArgument(
@@ -99,8 +103,11 @@ public:
     void arm(double lr) {
         armed_ = true;
         lr_ = lr;
+        applied_ = 0;
     }
     void disarm() { armed_ = false; }
+    // Parameters updated since the last arm(): a step that failed after any cannot be retried.
+    int64_t applied() const { return applied_; }
 
 private:
     struct Hook final : torch::autograd::FunctionPostHook {
@@ -111,6 +118,7 @@ private:
                 owner->sync_.reduce_one(index, owner->adamw_.param(index));
                 owner->adamw_.step_one(index, owner->lr_);
                 owner->adamw_.drop_grad(index);
+                ++owner->applied_;
             }
             return outputs;
         }
@@ -123,6 +131,7 @@ private:
     std::vector<Hook*> hooks_;
     bool armed_ = false;
     double lr_ = 0;
+    int64_t applied_ = 0;
 };
 
 TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
@@ -150,14 +159,32 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
         throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
-    model_->set_gradient_checkpointing(options_.gradient_checkpointing);
-    model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
-    model_->set_feed_forward_chunk(options_.ff_chunk_size);
+    apply_model_remedies();
     model_->module().train();
     if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
 }
 
 TrainStep::~TrainStep() = default;
+
+void TrainStep::apply_model_remedies() {
+    model_->set_gradient_checkpointing(options_.gradient_checkpointing);
+    model_->set_attention(attention_kernel(options_.attention), options_.attention_chunk);
+    model_->set_feed_forward_chunk(options_.ff_chunk_size);
+}
+
+void TrainStep::adapt(const TrainStepOptions& o) {
+    validate(o);
+    SF_CHECK(
+        o.mixed_precision == options_.mixed_precision && o.accumulation == options_.accumulation &&
+            o.fused_backward == options_.fused_backward && o.loss_scaling == options_.loss_scaling,
+        "adapt() changes only the split, checkpointing, attention and feed-forward chunks");
+    options_.micro_batch_split = o.micro_batch_split;
+    options_.gradient_checkpointing = o.gradient_checkpointing;
+    options_.attention = o.attention;
+    options_.attention_chunk = o.attention_chunk;
+    options_.ff_chunk_size = o.ff_chunk_size;
+    apply_model_remedies();
+}
 
 void TrainStep::begin_phase() {
     mem::reset_peak();
@@ -200,6 +227,9 @@ std::string TrainStep::remedies_for(const std::string& phase) const {
 }
 
 void TrainStep::out_of_memory(const std::string& phase, const std::string& what) {
+    // Nothing of the model or the optimizer changed unless AdamW ran: the optimizer phase, or
+    // the fused pass updating parameters inside the backward.
+    retryable_ = phase != "optimizer" && !(fused_ && fused_->applied() > 0);
     // Release what the failed step holds before reporting, so a caller that adapts can retry.
     adamw_->zero_grad();
     if (fused_) fused_->disarm();
@@ -248,30 +278,46 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                 flow_matching_noise(mb.latents, options_.flow, gen, frame_timesteps(mb, gen));
             end_phase(phase);
 
-            phase = "forward";
-            begin_phase();
-            at::Tensor loss;
-            {
-                model::AutocastGuard guard(device_.type(),
-                                           autocast ? autocast_dtype_ : at::kBFloat16, autocast);
-                const at::Tensor prediction = model_->forward(noised.noisy, mb.prompt_embeds,
-                                                              noised.timesteps, mb.prompt_mask);
-                SF_CHECK(prediction.sizes() == noised.target.sizes(),
-                         "the velocity's shape is not the latents'");
-                loss = flow_matching_loss(prediction, noised.target, noised.frame_weights,
-                                          noised.loss_weights);
-            }
-            loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-            mb = MicroBatch{};  // the inputs autograd does not hold go now
-            end_phase(phase);
+            // The micro-batch as `split` passes over parts of it (samples and noise drawn for the
+            // whole, as above): each part's loss weighted by its share of the samples, so the
+            // gradients add up to the whole micro-batch's.
+            const int64_t batch = mb.latents.size(0);
+            const int64_t split = std::min(options_.micro_batch_split, batch);
+            for (int64_t j = 0, first = 0; j < split; ++j) {
+                const int64_t count = (batch - first) / (split - j);
+                auto part = [&](const at::Tensor& t) {
+                    return t.defined() && split > 1 ? t.narrow(0, first, count) : t;
+                };
+                const double share = static_cast<double>(count) / static_cast<double>(batch);
+                phase = "forward";
+                begin_phase();
+                at::Tensor loss;
+                {
+                    model::AutocastGuard guard(
+                        device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
+                    const at::Tensor prediction =
+                        model_->forward(part(noised.noisy), part(mb.prompt_embeds),
+                                        part(noised.timesteps), part(mb.prompt_mask));
+                    SF_CHECK(prediction.sizes() == part(noised.target).sizes(),
+                             "the velocity's shape is not the latents'");
+                    loss =
+                        flow_matching_loss(prediction, part(noised.target),
+                                           part(noised.frame_weights), part(noised.loss_weights));
+                    if (split > 1) loss = loss * share;
+                }
+                loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+                if (j + 1 == split) mb = MicroBatch{};  // the inputs autograd does not hold go now
+                end_phase(phase);
 
-            phase = "backward";
-            begin_phase();
-            const bool last = k + 1 == options_.accumulation;
-            if (fused_ && last) fused_->arm(result.lr);
-            scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
-            if (fused_) fused_->disarm();
-            end_phase(phase);
+                phase = "backward";
+                begin_phase();
+                const bool last = k + 1 == options_.accumulation && j + 1 == split;
+                if (fused_ && last) fused_->arm(result.lr);
+                scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
+                if (fused_) fused_->disarm();
+                end_phase(phase);
+                first += count;
+            }
         }
         result.loss = loss_sum.item<double>() / static_cast<double>(options_.accumulation);
 

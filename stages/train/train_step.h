@@ -45,8 +45,12 @@ struct TrainStepOptions {
     int64_t gradient_checkpointing = 0;  // 0 off; k: every k-th block recomputed in backward
     std::string attention = "dense";     // cross-attention: "dense", "chunked", "fused"
     int64_t attention_chunk = 1024;      // query rows per chunk for "chunked"
-    int64_t ff_chunk_size = 0;    // feed-forward over k latent rows (image) or frames (video)
-    int64_t accumulation = 1;     // micro-batches per optimizer step
+    int64_t ff_chunk_size = 0;  // feed-forward over k latent rows (image) or frames (video)
+    int64_t accumulation = 1;   // micro-batches per optimizer step
+    // Each micro-batch as this many passes over parts of it (at most one sample each), their
+    // gradients added: the samples, noise and gradients of the whole micro-batch (up to the order
+    // of the sums) with the activations of a part. What --auto_fit raises first.
+    int64_t micro_batch_split = 1;
     bool fused_backward = false;  // update each parameter inside the backward pass
     double max_grad_norm = 0;     // global-norm clipping; 0 = off
     bool loss_scaling = false;    // dynamic loss scaling (on by default for fp16)
@@ -95,6 +99,14 @@ public:
     // One optimizer step over options.accumulation micro-batches, load(k) giving the k-th.
     StepResult step(const std::function<MicroBatch(int64_t k)>& load, at::Generator& gen);
 
+    // After a step failed with kOutOfMemory: whether it left the weights and the optimizer as
+    // they were (true unless AdamW had begun: the optimizer phase, or the fused pass), so that
+    // the caller may restore its data and generator and run the step again.
+    bool retryable() const { return retryable_; }
+    // Takes the micro-batch split, checkpointing, attention and feed-forward chunk of `o` (the
+    // rest must be the current options'), for the steps from now on.
+    void adapt(const TrainStepOptions& o);
+
     int64_t steps_done() const { return step_; }
     void set_steps_done(int64_t step) { step_ = step; }
     AdamW& optimizer() { return *adamw_; }
@@ -118,6 +130,7 @@ private:
     void begin_phase();
     void end_phase(const std::string& phase);
     [[noreturn]] void out_of_memory(const std::string& phase, const std::string& what);
+    void apply_model_remedies();
     std::string remedies_for(const std::string& phase) const;
 
     std::shared_ptr<model::DiffusionTransformer> model_;
@@ -133,6 +146,7 @@ private:
     int64_t step_ = 0;
     std::map<std::string, PhasePeak> peaks_;
     double phase_begin_ = 0;  // mem::process_seconds() when the current phase began
+    bool retryable_ = true;
 };
 
 }  // namespace sf::train

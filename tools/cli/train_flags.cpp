@@ -47,6 +47,15 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
         ->capture_default_str();
     cmd->add_flag("--fused_backward_pass", o.fused_backward_pass,
                   "update each weight as soon as its gradient is complete and free the gradient");
+    cmd->add_option("--micro_batch_split", o.micro_batch_split,
+                    "run each micro-batch of --train_batch_size as N passes over parts of it: the "
+                    "same samples, noise and gradients with the activations of a part")
+        ->check(integer_in(1, 1'000'000))
+        ->capture_default_str();
+    cmd->add_flag("--auto_fit", o.auto_fit,
+                  "when a step runs out of memory, run it again on the same samples with the next "
+                  "remedy (a doubled --micro_batch_split, then checkpointing, chunked attention, "
+                  "the chunked feed-forward) instead of stopping");
 }
 
 // Batches, steps, the learning-rate schedule and AdamW.
