@@ -16,6 +16,7 @@
 #include "stages/train/auto_fit.h"
 #include "stages/train/flow_matching.h"
 #include "stages/train/optim.h"
+#include "stages/train/quantized_state.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_state.h"
 #include "stages/train/train_step.h"
@@ -411,6 +412,130 @@ TEST(TrainState, ACheckpointWriteThatFailsLeavesThePreviousOneChosen) {
     // Room again: the next save is whole, and only then is the older one removed.
     EXPECT_EQ(sf::train::save_checkpoint(out, s, 1), out + "/checkpoint-4");
     EXPECT_FALSE(std::filesystem::exists(two));  // --checkpoints_total_limit 1, once 4 is whole
+}
+
+TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {
+    const at::Tensor signed_map = sf::train::dynamic_map(true);
+    const at::Tensor unsigned_map = sf::train::dynamic_map(false);
+    for (const at::Tensor& m : {signed_map, unsigned_map}) {
+        ASSERT_EQ(m.numel(), 256);
+        EXPECT_TRUE(torch::equal(std::get<0>(m.sort()), m)) << "sorted";
+        EXPECT_EQ(m.max().item<float>(), 1.0f);
+    }
+    // bitsandbytes' create_dynamic_map(signed=True): -0.99297, 0, 1e-6 * 0.55 at the small end.
+    EXPECT_NEAR(signed_map[0].item<float>(), -0.992969f, 1e-5);
+    EXPECT_NEAR(signed_map[1].item<float>(), -0.978906f, 1e-5);
+    EXPECT_EQ((signed_map == 0).sum().item<int64_t>(), 1);
+    EXPECT_NEAR(signed_map[128].item<float>(), 5.5e-7f, 1e-9);
+    EXPECT_EQ(unsigned_map.min().item<float>(), 0.0f);
+    EXPECT_NEAR(unsigned_map[1].item<float>(), 3.25e-7f, 1e-9);
+    // Blocks of 2048 with their own absmax: a tiny block keeps its precision beside a large one.
+    torch::manual_seed(5);
+    at::Tensor x = torch::randn({5000});
+    x.slice(0, 2048, 4096).mul_(1e-4);
+    const auto q = sf::train::BlockQuantized::quantize(x, true);
+    EXPECT_EQ(q.codes.scalar_type(), at::kByte);
+    EXPECT_EQ(q.absmax.numel(), 3);
+    const at::Tensor back = q.dequantize(x);
+    const at::Tensor err = (back - x).abs() / x.abs().clamp_min(1e-12);
+    EXPECT_LT(err.median().item<float>(), 0.05) << "the nearest of 256 dynamic values";
+    const at::Tensor small = back.slice(0, 2048, 4096), small_x = x.slice(0, 2048, 4096);
+    EXPECT_LT(((small - small_x).norm() / small_x.norm()).item<float>(), 0.05);
+    EXPECT_TRUE(torch::equal(sf::train::BlockQuantized::quantize(torch::zeros({10}), false)
+                                 .dequantize(torch::zeros({10})),
+                             torch::zeros({10})));
+}
+
+// 100 steps of the tiny model: 8-bit moments stay close to fp32 AdamW (within 3% of how far the
+// weights moved), take a quarter of its state's bytes, and a state saved mid-run resumes to the
+// very same next step.
+TEST(AdamW8bit, TracksFp32AdamWOver100StepsInAQuarterOfTheStateAndResumes) {
+    const sf::train::MicroBatch batch = sample_batch(2);
+    auto make = [&](bool eight_bit, SanaTransformer model) {
+        sf::train::AdamWOptions a;
+        a.lr = 1e-3;
+        a.eight_bit = eight_bit;
+        return std::make_unique<sf::train::TrainStep>(
+            model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-3, 0, 1000),
+            sf::train::TrainStepOptions{}, c10::Device(c10::kCPU));
+    };
+    auto fp32 = make(false, seeded_model()), q8 = make(true, seeded_model());
+    std::map<std::string, at::Tensor> start;
+    for (const auto& [name, p] : named(fp32->model().module())) start[name] = p.detach().clone();
+    at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
+    std::map<std::string, at::Tensor> saved_state;
+    at::Tensor saved_gen;
+    std::map<std::string, at::Tensor> saved_weights;
+    double worst_loss = 0;  // |loss8 - loss32| / loss32, the same noise drawn for both
+    for (int i = 0; i < 100; ++i) {
+        const double l32 = fp32->step([&](int64_t) { return batch; }, g1).loss;
+        const double l8 = q8->step([&](int64_t) { return batch; }, g2).loss;
+        worst_loss = std::max(worst_loss, std::abs(l8 - l32) / l32);
+        if (i == 49) {
+            saved_state = q8->optimizer().state();
+            saved_gen = g2.get_state();
+            for (const auto& [name, p] : named(q8->model().module()))
+                saved_weights[name] = p.detach().clone();
+        }
+    }
+    double moved = 0, apart = 0;
+    const auto p32 = named(fp32->model().module()), p8 = named(q8->model().module());
+    for (size_t i = 0; i < p32.size(); ++i) {
+        moved += (p32[i].second - start.at(p32[i].first)).pow(2).sum().item<double>();
+        apart += (p8[i].second - p32[i].second).pow(2).sum().item<double>();
+    }
+    std::printf(
+        "[ adamw8  ] 100 steps: losses at most %.5f apart (relative), weights "
+        "|w8 - w32| / |w32 - w0| = %.4f\n",
+        worst_loss, std::sqrt(apart / moved));
+    EXPECT_LT(worst_loss, 0.01);               // measured 0.0013
+    EXPECT_LT(std::sqrt(apart / moved), 0.2);  // measured 0.094
+
+    // The state of every tensor of kMin8BitSize or more: a byte per value and a float per block
+    // for each moment, about a quarter of fp32's; smaller ones stay fp32.
+    const auto state32 = fp32->optimizer().state(), state8 = q8->optimizer().state();
+    for (const auto& [name, p] : p8) {
+        const int64_t fp32_bytes = state32.at(name + ".exp_avg").nbytes() * 2;
+        if (p.numel() < sf::train::kMin8BitSize) {
+            EXPECT_TRUE(state8.count(name + ".exp_avg")) << name;
+            continue;
+        }
+        const int64_t bytes = state8.at(name + ".exp_avg.codes").nbytes() +
+                              state8.at(name + ".exp_avg.absmax").nbytes() +
+                              state8.at(name + ".exp_avg_sq.codes").nbytes() +
+                              state8.at(name + ".exp_avg_sq.absmax").nbytes();
+        EXPECT_LE(bytes * 100, fp32_bytes * 26) << name;
+    }
+
+    // Resume from step 50 in a fresh optimizer: step 51 as the run had it.
+    auto resumed = make(true, seeded_model());
+    for (const auto& [name, p] : named(resumed->model().module())) {
+        torch::NoGradGuard no_grad;
+        p.copy_(saved_weights.at(name));
+    }
+    resumed->optimizer().load_state(saved_state);
+    resumed->set_steps_done(50);
+    auto replay = make(true, seeded_model());
+    for (const auto& [name, p] : named(replay->model().module())) {
+        torch::NoGradGuard no_grad;
+        p.copy_(saved_weights.at(name));
+    }
+    replay->optimizer().load_state(saved_state);
+    replay->set_steps_done(50);
+    at::Generator g3 = at::detail::createCPUGenerator(1), g4 = at::detail::createCPUGenerator(1);
+    g3.set_state(saved_gen);
+    g4.set_state(saved_gen);
+    resumed->step([&](int64_t) { return batch; }, g3);
+    replay->step([&](int64_t) { return batch; }, g4);
+    const auto a = named(resumed->model().module()), b = named(replay->model().module());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second));
+    // A fp32 state is refused by the 8-bit optimizer, naming the parameter.
+    try {
+        resumed->optimizer().load_state(fp32->optimizer().state());
+        ADD_FAILURE() << "fp32 moments loaded as 8-bit";
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not 8-bit"), std::string::npos) << e.what();
+    }
 }
 
 TEST(TrainStep, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {

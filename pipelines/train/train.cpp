@@ -45,6 +45,10 @@ constexpr int64_t kMaxEpochs = 1'000'000;
 void validate(const TrainOptions& o) {
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
+    if (o.optimizer != "adamw" && o.optimizer != "adamw8bit") {
+        throw Error::InvalidArgument(
+            fmt::format("--optimizer must be adamw or adamw8bit, got '{}'", o.optimizer));
+    }
     std::error_code ec;
     if (fs::exists(o.output_dir, ec) && !fs::is_directory(o.output_dir, ec)) {
         throw Error::InvalidArgument("--output_dir " + o.output_dir +
@@ -441,6 +445,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     adamw.beta1 = o.adam_beta1;
     adamw.beta2 = o.adam_beta2;
     adamw.eps = o.adam_epsilon;
+    adamw.eight_bit = o.optimizer == "adamw8bit";
     train::TrainStep trainer(transformer, trainable, adamw,
                              train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
                                                o.max_train_steps, o.lr_num_cycles, o.lr_power),

@@ -39,6 +39,8 @@ struct TrainOptions {
     bool auto_fit = false;
 
     // Optimisation.
+    std::string optimizer =
+        "adamw";  // or "adamw8bit": the moments in 8 bits (stages/train/optim.h)
     int64_t train_batch_size = 4;
     int64_t gradient_accumulation_steps = 1;
     int64_t max_train_steps = 0;   // 0: num_train_epochs over the cache

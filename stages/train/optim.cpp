@@ -41,6 +41,14 @@ void AdamW::step_one(size_t index, double lr) {
     if (!grad.defined()) return;
     Moments& m = moments_[index];
     if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
+    const bool eight_bit = options_.eight_bit && p.numel() >= kMin8BitSize;
+    if (eight_bit) {
+        // Read back, updated as in fp32, stored again: only this parameter's moments are fp32.
+        if (m.avg8.defined()) {
+            m.exp_avg = m.avg8.dequantize(p);
+            m.exp_avg_sq = m.avg_sq8.dequantize(p);
+        }
+    }
     if (!m.exp_avg.defined()) {
         m.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
         m.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
@@ -52,6 +60,11 @@ void AdamW::step_one(size_t index, double lr) {
     m.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
     const at::Tensor denom = (m.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
     p.addcdiv_(m.exp_avg, denom, -(lr / bias_correction1));
+    if (eight_bit) {
+        m.avg8 = BlockQuantized::quantize(m.exp_avg, /*is_signed=*/true);
+        m.avg_sq8 = BlockQuantized::quantize(m.exp_avg_sq, /*is_signed=*/false);
+        m.exp_avg = m.exp_avg_sq = at::Tensor();
+    }
 }
 
 void AdamW::zero_grad() {
@@ -64,8 +77,16 @@ std::map<std::string, at::Tensor> AdamW::state() const {
     std::map<std::string, at::Tensor> out;
     for (size_t i = 0; i < params_.size(); ++i) {
         const Moments& m = moments_[i];
-        if (!m.exp_avg.defined()) continue;  // never stepped
         const std::string& name = params_[i].first;
+        if (m.avg8.defined()) {
+            out[name + ".exp_avg.codes"] = m.avg8.codes;
+            out[name + ".exp_avg.absmax"] = m.avg8.absmax;
+            out[name + ".exp_avg_sq.codes"] = m.avg_sq8.codes;
+            out[name + ".exp_avg_sq.absmax"] = m.avg_sq8.absmax;
+            out[name + ".step"] = at::scalar_tensor(m.step, at::kLong);
+            continue;
+        }
+        if (!m.exp_avg.defined()) continue;  // never stepped
         out[name + ".exp_avg"] = m.exp_avg;
         out[name + ".exp_avg_sq"] = m.exp_avg_sq;
         out[name + ".step"] = at::scalar_tensor(m.step, at::kLong);
@@ -84,6 +105,28 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
         }
         Moments m;
         m.step = step->second.item<int64_t>();
+        if (options_.eight_bit && p.numel() >= kMin8BitSize) {
+            const int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
+            for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
+                auto codes = state.find(name + which + ".codes");
+                auto absmax = state.find(name + which + ".absmax");
+                if (codes == state.end() || absmax == state.end() ||
+                    codes->second.numel() != p.numel() || absmax->second.numel() != blocks ||
+                    codes->second.scalar_type() != at::kByte) {
+                    throw Error::InvalidArgument(fmt::format(
+                        "optimizer state: {}{} is missing, misshaped or not 8-bit (a checkpoint of "
+                        "--optimizer adamw resumes with adamw only)",
+                        name, which));
+                }
+                const bool first = std::string(which) == ".exp_avg";
+                BlockQuantized& q = first ? m.avg8 : m.avg_sq8;
+                q.is_signed = first;
+                q.codes = codes->second.to(p.device()).reshape({-1}).clone();
+                q.absmax = absmax->second.to(p.device(), at::kFloat).reshape({-1}).clone();
+            }
+            moments_[i] = std::move(m);
+            continue;
+        }
         for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
             auto it = state.find(name + which);
             if (it == state.end() || !it->second.sizes().equals(p.sizes())) {

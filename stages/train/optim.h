@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "stages/train/quantized_state.h"
+
 namespace sf::train {
 
 struct AdamWOptions {
@@ -22,6 +24,9 @@ struct AdamWOptions {
     double beta2 = 0.999;
     double eps = 1e-8;
     double weight_decay = 1e-2;
+    // The moments in 8 bits, blockwise (quantized_state.h; --optimizer adamw8bit): a quarter of
+    // the memory. Each update reads them back to fp32 for one parameter at a time.
+    bool eight_bit = false;
 };
 
 class AdamW {
@@ -41,14 +46,17 @@ public:
     const at::Tensor& param(size_t index) const { return params_[index].second; }
     const AdamWOptions& options() const { return options_; }
 
-    // State by name: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (a 0-d int64).
+    // State by name: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (a 0-d int64); in
+    // 8 bits "<param>.exp_avg.codes" (uint8) and "<param>.exp_avg.absmax" (fp32), likewise for
+    // exp_avg_sq.
     std::map<std::string, at::Tensor> state() const;
     // Restores what state() returned; kInvalidArgument naming a missing or misshaped entry.
     void load_state(const std::map<std::string, at::Tensor>& state);
 
 private:
     struct Moments {
-        at::Tensor exp_avg, exp_avg_sq;
+        at::Tensor exp_avg, exp_avg_sq;  // fp32
+        BlockQuantized avg8, avg_sq8;    // eight_bit
         int64_t step = 0;
     };
     std::vector<std::pair<std::string, at::Tensor>> params_;

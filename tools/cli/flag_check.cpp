@@ -41,9 +41,6 @@ const std::map<std::string, std::string>& refused() {
         {"prior_loss_weight", kNoPrior},
         {"sample_batch_size", kNoPrior},
         {"prior_generation_precision", kNoPrior},
-        {"use_8bit_adam",
-         "8-bit Adam (bitsandbytes) is not built: LoRA or --fused_backward_pass lower the "
-         "optimizer's memory"},
         {"prodigy_beta3", kNoProdigy},
         {"prodigy_decouple", kNoProdigy},
         {"prodigy_use_bias_correction", kNoProdigy},

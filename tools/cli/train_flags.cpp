@@ -59,7 +59,7 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
 }
 
 // Batches, steps, the learning-rate schedule and AdamW.
-void add_optimizer_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
+void add_optimizer_flags(CLI::App* cmd, TrainOptions& o) {
     cmd->add_option("--train_batch_size", o.train_batch_size,
                     "samples per micro-batch (one bucket)")
         ->check(integer_in(1, 1'000'000))
@@ -97,9 +97,14 @@ void add_optimizer_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     cmd->add_option("--adam_beta1", o.adam_beta1)->capture_default_str();
     cmd->add_option("--adam_beta2", o.adam_beta2)->capture_default_str();
     cmd->add_option("--adam_epsilon", o.adam_epsilon)->capture_default_str();
-    cmd->add_option("--optimizer", c.optimizer, "AdamW (the only one built)")
-        ->check(CLI::IsMember({"AdamW", "adamw"}))
+    cmd->add_option("--optimizer", o.optimizer,
+                    "adamw, or adamw8bit: AdamW with its moments in 8 bits, blockwise as "
+                    "bitsandbytes keeps them (a quarter of the optimizer state's memory)")
+        ->transform(CLI::IsMember({"adamw", "adamw8bit"}, CLI::ignore_case))
         ->capture_default_str();
+    cmd->add_flag_callback(
+        "--use_8bit_adam", [&o] { o.optimizer = "adamw8bit"; },
+        "diffusers' spelling of --optimizer adamw8bit");
 }
 
 // The flow-matching objective.
@@ -202,7 +207,7 @@ void add_validation_flags(CLI::App* cmd, TrainOptions& o) {
 void add_train_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     add_model_flags(cmd, o);
     add_remedy_flags(cmd, o, c);
-    add_optimizer_flags(cmd, o, c);
+    add_optimizer_flags(cmd, o);
     add_objective_flags(cmd, o);
     add_lora_flags(cmd, o, c);
     add_run_flags(cmd, o, c);

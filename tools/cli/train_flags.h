@@ -19,7 +19,6 @@ struct TrainCommand {
     bool full_finetune = false;
     bool cache_latents = false;
     bool upcast_before_saving = false;
-    std::string optimizer = "AdamW";
     pipelines::PrepOptions prep;
 };
 
