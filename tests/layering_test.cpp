@@ -66,6 +66,7 @@ const std::map<std::string, std::set<std::string>> kAllowedSiblings = {
     {"model/sana_video", {"model/sana"}},
     {"stages/video", {"stages/image"}},
     {"stages/sample", {"stages/encode"}},  // the VAE as encode/ names and holds it
+    {"stages/plan", {"stages/train"}},     // the planner measures TrainStep's own steps
 };
 
 bool allowed(const std::string& from, const std::string& to) {

@@ -17,10 +17,12 @@
 #include "core/timeline.h"
 #include "pipelines/inspect.h"
 #include "pipelines/models_table.h"
+#include "pipelines/plan.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
 #include "tools/cli/flag_check.h"
 #include "tools/cli/flag_values.h"
+#include "tools/cli/plan_flags.h"
 #include "tools/cli/prep_flags.h"
 #include "tools/cli/train_flags.h"
 #include "tools/cli/yaml_config.h"
@@ -179,11 +181,12 @@ struct Cli {
     PrepOptions prep;
     TrainOptions train;
     TrainCommand train_extra;
+    sf::tools::PlanCommand plan;
     std::string inspect_dir, plot_dir, config_file, demo_dir = "demo-out";
     bool verify = false;
     int demo_images = 24;
     CLI::App *prep_cmd = nullptr, *inspect_cmd = nullptr, *train_cmd = nullptr, *plot_cmd = nullptr,
-             *models_cmd = nullptr, *demo_cmd = nullptr;
+             *models_cmd = nullptr, *demo_cmd = nullptr, *plan_cmd = nullptr;
 };
 
 void define_commands(Cli& c) {
@@ -236,6 +239,12 @@ void define_commands(Cli& c) {
     c.models_cmd = app.add_subcommand(
         "models", "list the built-in model configurations and their parameter counts");
 
+    c.plan_cmd = app.add_subcommand(
+        "plan",
+        "predict the peak memory of a training step per phase, calibrated by tiny measured steps "
+        "on the device; with --memory_budget, the remedies that fit it, cheapest first");
+    sf::tools::add_plan_flags(c.plan_cmd, c.plan);
+
     c.demo_cmd = app.add_subcommand(
         "demo", "generate a small dataset, prep it, inspect the cache, train on it");
     c.demo_cmd->add_option("--output_dir", c.demo_dir, "where the data and the cache go")
@@ -246,8 +255,8 @@ void define_commands(Cli& c) {
 
     // -q and -v after the subcommand too; unknown flags are collected (parse()), not the first
     // one alone.
-    for (CLI::App* cmd :
-         {c.prep_cmd, c.inspect_cmd, c.train_cmd, c.plot_cmd, c.models_cmd, c.demo_cmd}) {
+    for (CLI::App* cmd : {c.prep_cmd, c.inspect_cmd, c.train_cmd, c.plot_cmd, c.models_cmd,
+                          c.demo_cmd, c.plan_cmd}) {
         cmd->fallthrough();
         cmd->allow_extras();
     }
@@ -288,6 +297,11 @@ int run(const Cli& c) {
     if (*c.demo_cmd) return run_demo_command(c.demo_dir, c.demo_images);
     if (*c.plot_cmd) return run_plot_command(c.plot_dir);
     if (*c.models_cmd) std::cout << sf::pipelines::models_table();
+    if (*c.plan_cmd) {
+        const auto report = sf::pipelines::run_plan(c.plan.resolved());
+        std::cout << report.text;
+        return report.fits ? kExitOk : kExitError;
+    }
     return kExitOk;
 }
 

@@ -28,14 +28,12 @@
 // grid and a table is printed; the last line is ratio=<all / baseline peak resident memory at the
 // largest grid>. A variant that does not fit (the byte budget, set below this machine's free
 // memory) is reported as such; where the baseline does not fit, the batch is halved for both.
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -55,7 +53,9 @@
 #include "model/gemma/gemma2.h"
 #include "model/sana/sana_transformer.h"
 #include "model/sana_video/sana_video_transformer.h"
+#include "stages/plan/step_probe.h"
 #include "stages/train/train_step.h"
+#include "tools/bench/bench_configs.h"
 
 namespace {
 
@@ -78,9 +78,6 @@ struct Args {
     int64_t steps = 3;  // timed steps after the warm-up
 };
 
-// The image variants' feed-forward chunk: 8 latent rows (of 32 to 128 at the default grids).
-constexpr int64_t kImageFFRows = 8;
-
 // Whether variant `v` runs in this mode: chunked_ff is the video transformer's, online_encoding
 // the image pipeline's, accumulation needs a batch to split.
 bool applies(const Args& a, const std::string& v, int64_t batch) {
@@ -93,19 +90,6 @@ bool applies(const Args& a, const std::string& v, int64_t batch) {
 // blocks (GLUMBTempConv 3x, q/k RMSNorm, rotary), 16-channel Wan latents, patch 1x2x2.
 sf::model::SanaVideoTransformerConfig default_video_config() {
     auto c = sf::model::SanaVideoTransformerConfig::named("sana-video-2b-480p");
-    c.num_attention_heads = 16;
-    c.attention_head_dim = 32;
-    c.num_cross_attention_heads = 8;
-    c.cross_attention_head_dim = 64;
-    c.cross_attention_dim = 512;
-    c.num_layers = 4;
-    return c;
-}
-
-// 4 blocks of width 512 with the real block structure (heads of 32, Mix-FFN 2.5x, 2304-wide
-// captions, 32-channel latents).
-sf::model::SanaTransformerConfig default_config() {
-    sf::model::SanaTransformerConfig c = sf::model::SanaTransformerConfig::named("sana-600m");
     c.num_attention_heads = 16;
     c.attention_head_dim = 32;
     c.num_cross_attention_heads = 8;
@@ -140,7 +124,7 @@ sf::train::TrainStepOptions options_for(const Args& a, const std::string& v, int
     } else if (all || v == "chunked_attention") {
         o.attention = "fused";  // SDPA where it exists, else chunked
     }
-    if (all || v == "chunked_ff") o.ff_chunk_size = a.video ? 2 : kImageFFRows;
+    if (all || v == "chunked_ff") o.ff_chunk_size = a.video ? 2 : sf::bench::kImageFFRows;
     if (all || v == "fused_backward") o.fused_backward = true;
     if (!o.fused_backward) o.max_grad_norm = 1.0;
     return o;
@@ -189,7 +173,7 @@ Workload make_workload(const Args& a) {
         w.caption_channels = c.caption_channels;
         return w;
     }
-    const auto c = a.config.empty() ? default_config()
+    const auto c = a.config.empty() ? sf::bench::ablation_config()
                                     : sf::model::SanaTransformerConfig::from_json_file(a.config);
     w.model = sf::model::SanaTransformer(c).ptr();
     w.latents = torch::randn({a.batch, c.in_channels, a.grid, a.grid});
@@ -211,50 +195,22 @@ int run_one(const Args& a) {
         const Workload w = make_workload(a);
         w.model->module().to(device);
         const sf::train::TrainStepOptions o = options_for(a, a.variant, a.batch);
-        sf::train::TrainStep step(w.model, sf::model::trainable_parameters(w.model->module()), {},
-                                  sf::train::LRSchedule("constant", 1e-4, 0, 1), o, device);
-        const at::Tensor& latents = w.latents;
-        const auto captions = torch::randn({a.batch, a.caption_len, w.caption_channels});
-        const auto mask = torch::ones({a.batch, a.caption_len}, torch::kLong);
-        const int64_t micro = a.batch / o.accumulation;
-        at::Generator gen = at::detail::createCPUGenerator(0);
-
-        sf::mem::reset_peak();
-        int64_t peak_tensors = 0, peak_rss = 0;
-        std::vector<double> times;  // of the steps after the warm-up
-        sf::train::StepResult r;
-        for (int64_t i = 0; i <= a.steps; ++i) {
-            const auto t0 = std::chrono::steady_clock::now();
-            if (online) {
-                online->encode(a.batch, a.grid * 32, a.caption_len, device);
-                peak_tensors = std::max(peak_tensors, device.is_cuda() ? sf::mem::cuda_stats().peak
-                                                                       : sf::mem::cpu_stats().peak);
-                peak_rss = std::max(peak_rss, sf::mem::peak_rss_bytes());
-            }
-            r = step.step(
-                [&](int64_t k) {
-                    return sf::train::MicroBatch{latents.slice(0, k * micro, (k + 1) * micro),
-                                                 captions.slice(0, k * micro, (k + 1) * micro),
-                                                 mask.slice(0, k * micro, (k + 1) * micro)};
-                },
-                gen);
-            const double seconds =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (i > 0 || a.steps == 0) times.push_back(seconds);
+        sf::plan::ProbeInput in;
+        in.latents = w.latents;
+        in.caption_tokens = a.caption_len;
+        in.caption_channels = w.caption_channels;
+        in.steps = a.steps;
+        if (online) {
+            in.before_step = [&] { online->encode(a.batch, a.grid * 32, a.caption_len, device); };
         }
-        std::sort(times.begin(), times.end());
-        const double seconds = times[times.size() / 2];
+        const sf::plan::ProbeResult r = sf::plan::probe_step(w.model, in, o, device);
+        const int64_t peak_tensors = r.peak_tensor_bytes, peak_rss = r.peak_rss_bytes;
+        const double seconds = r.step_seconds;
         std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld steps=%lld loss=%.5f\n",
                     a.variant.c_str(), static_cast<long long>(a.grid),
-                    static_cast<long long>(a.batch), static_cast<long long>(micro),
+                    static_cast<long long>(a.batch), static_cast<long long>(r.micro_batch),
                     static_cast<long long>(a.steps), r.loss);
-        std::printf("%s", step.phase_table().c_str());
-        // TrainStep resets the peaks at each phase and keeps each phase's highest over the steps:
-        // the run's peak is theirs.
-        for (const auto& [phase, peak] : step.phase_peaks()) {
-            peak_tensors = std::max(peak_tensors, peak.tensor_bytes);
-            peak_rss = std::max(peak_rss, peak.rss_bytes);
-        }
+        std::printf("%s", r.phase_table.c_str());
         std::printf("peak_tensor_bytes=%lld\n", static_cast<long long>(peak_tensors));
         std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(peak_rss));
         std::printf("step_seconds=%.3f\n", seconds);

@@ -1,0 +1,190 @@
+#include "pipelines/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/device_options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "stages/plan/calibration.h"
+#include "stages/plan/remedy_search.h"
+
+namespace sf::pipelines {
+namespace {
+
+namespace fs = std::filesystem;
+using plan::PlanRemedies;
+
+model::SanaTransformerConfig resolve_config(const PlanOptions& o) {
+    if (!o.transformer_config.empty())
+        return model::SanaTransformerConfig::from_json_file(o.transformer_config);
+    if (!o.pretrained_model_name_or_path.empty()) {
+        const fs::path dir = o.pretrained_model_name_or_path;
+        const fs::path sub = dir / "transformer" / "config.json";
+        return model::SanaTransformerConfig::from_json_file(fs::exists(sub) ? sub.string()
+                                                                            : dir.string());
+    }
+    return model::SanaTransformerConfig::named(o.model);
+}
+
+// The latent grid of the bucket: DC-AE's 32x downsampling.
+plan::PlanShape resolve_shape(const PlanOptions& o) {
+    plan::PlanShape s;
+    s.config = resolve_config(o);
+    int64_t w = o.resolution, h = o.resolution;
+    if (!o.bucket.empty()) {
+        const size_t x = o.bucket.find('x');
+        try {
+            if (x == std::string::npos) throw std::invalid_argument("no x");
+            w = std::stoll(o.bucket.substr(0, x));
+            h = std::stoll(o.bucket.substr(x + 1));
+        } catch (const std::exception&) {
+            throw Error::InvalidArgument(fmt::format(
+                "--bucket: {} is not WIDTHxHEIGHT in pixels (e.g. 1024x768)", o.bucket));
+        }
+    }
+    const int64_t step = 32 * s.config.patch_size;
+    if (w < step || h < step || w % step != 0 || h % step != 0) {
+        throw Error::InvalidArgument(fmt::format(
+            "--resolution/--bucket: {}x{} pixels is not a positive multiple of {} (the latent "
+            "grid is pixels / 32, in patches of {})",
+            w, h, step, s.config.patch_size));
+    }
+    s.latent_width = w / 32;
+    s.latent_height = h / 32;
+    s.batch = o.train_batch_size * o.remedies.accumulation;  // the effective batch, kept
+    s.caption_tokens = o.max_sequence_length;
+    s.lora_rank = o.rank;
+    s.lora_targets = o.lora_target_modules;
+    return s;
+}
+
+std::string footprint_table(const plan::Footprint& f) {
+    std::string out = fmt::format("  {:<34} {:>12}\n", "weights (fp32)", format_bytes(f.weights));
+    out += fmt::format("  {:<34} {:>12}\n", "gradients (trainable, fp32)",
+                       f.gradients > 0 ? format_bytes(f.gradients) : "none live (fused)");
+    out += fmt::format("  {:<34} {:>12}\n", "optimizer state", format_bytes(f.optimizer_state));
+    out += fmt::format("  {:<34} {:>12} {:>30}\n", "phase", "peak", "activations and transients");
+    for (const std::string phase : {"data", "forward", "backward", "optimizer"}) {
+        const auto it = f.phase_peaks.find(phase);
+        if (it == f.phase_peaks.end()) continue;
+        const int64_t rest = it->second - f.weights - f.optimizer_state;
+        out += fmt::format("  {:<34} {:>12} {:>30}{}\n", phase, format_bytes(it->second),
+                           format_bytes(std::max<int64_t>(0, rest)),
+                           phase == f.peak_phase ? "  <- peak" : "");
+    }
+    return out;
+}
+
+}  // namespace
+
+int64_t parse_bytes(const std::string& text, const std::string& flag) {
+    size_t i = 0;
+    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+        ++i;
+    std::string unit = text.substr(i);
+    unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+    std::transform(unit.begin(), unit.end(), unit.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    const std::map<std::string, double> units = {{"", 1},
+                                                 {"b", 1},
+                                                 {"kb", 1e3},
+                                                 {"mb", 1e6},
+                                                 {"gb", 1e9},
+                                                 {"tb", 1e12},
+                                                 {"kib", 1024.0},
+                                                 {"mib", 1048576.0},
+                                                 {"gib", 1073741824.0},
+                                                 {"tib", 1099511627776.0}};
+    double value = 0;
+    try {
+        value = i > 0 ? std::stod(text.substr(0, i)) : -1;
+    } catch (const std::exception&) {
+        value = -1;
+    }
+    const auto u = units.find(unit);
+    if (value <= 0 || u == units.end() || !std::isfinite(value * u->second) ||
+        value * u->second > 9e18) {
+        throw Error::InvalidArgument(fmt::format(
+            "{}: {} is not a size (a positive number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, "
+            "e.g. 24GiB)",
+            flag, text.substr(0, 40)));
+    }
+    return static_cast<int64_t>(value * u->second);
+}
+
+PlanReport run_plan(const PlanOptions& o) {
+    if (o.train_batch_size < 1) throw Error::InvalidArgument("--train_batch_size must be >= 1");
+    if (o.remedies.accumulation < 1)
+        throw Error::InvalidArgument("--gradient_accumulation_steps must be >= 1");
+    const plan::PlanShape shape = resolve_shape(o);
+    const c10::Device device = resolve_device(o.device);
+    const bool lora = o.rank > 0;
+    plan::CalibrationStore store(device, o.calibration_file, o.calibrate, o.calibration_points);
+    const plan::ParameterCensus census = plan::count_parameters(shape);
+
+    PlanReport report;
+    std::string& out = report.text;
+    out += fmt::format(
+        "plan: {} blocks of width {}, {} parameters ({} trainable: {}), latents {}x{} ({} tokens), "
+        "batch {} in micro-batches of {}, captions of {} tokens, calibrated on {}\n",
+        shape.config.num_layers, shape.config.inner_dim(), census.total, census.trainable,
+        lora ? fmt::format("LoRA rank {}", o.rank) : "full fine-tune", shape.latent_height,
+        shape.latent_width,
+        shape.latent_height * shape.latent_width /
+            (shape.config.patch_size * shape.config.patch_size),
+        shape.batch, shape.batch / o.remedies.accumulation, shape.caption_tokens, device.str());
+    const plan::Footprint given = plan::predict_footprint(
+        shape, o.remedies, census, store.phases(shape.config, o.remedies, lora));
+    const std::string given_flags = o.remedies.flags();
+    out += fmt::format("predicted peak with {}: {} (in the {} phase)\n",
+                       given_flags.empty() ? "no remedies" : given_flags, format_bytes(given.peak),
+                       given.peak_phase);
+    out += footprint_table(given);
+    if (o.memory_budget.empty()) {
+        store.save();
+        return report;
+    }
+    const int64_t budget = parse_bytes(o.memory_budget, "--memory_budget");
+    const std::set<std::string> vary(o.search.begin(), o.search.end());
+    const plan::SearchResult found = plan::search_remedies(shape, o.remedies, vary, budget, store);
+    store.save();
+    out += fmt::format("\nbudget {}: {} of {} combinations fit\n", format_bytes(budget),
+                       found.fitting.size(), found.tried);
+    report.fits = !found.fitting.empty();
+    if (found.fitting.empty()) {
+        out +=
+            "nothing fits: a smaller --train_batch_size, bucket or LoRA rank, or a larger "
+            "budget\n";
+        return report;
+    }
+    out += fmt::format("  {:>12} {:>9}  {}\n", "peak", "time",
+                       "flags (micro-batch x accumulation: the same effective batch)");
+    for (size_t i = 0; i < found.fitting.size() && static_cast<int64_t>(i) < o.top; ++i) {
+        const plan::Candidate& c = found.fitting[i];
+        out += fmt::format("  {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
+                           format_bytes(c.footprint.peak), c.cost,
+                           shape.batch / c.remedies.accumulation, c.remedies.flags());
+    }
+    out += "time: the step time over no remedies', measured on the calibration's steps\n";
+    const std::string model_flag =
+        !o.pretrained_model_name_or_path.empty()
+            ? "--pretrained_model_name_or_path " + o.pretrained_model_name_or_path
+        : !o.transformer_config.empty() ? "--transformer_config " + o.transformer_config
+                                        : "--model " + o.model;
+    const plan::PlanRemedies& best = found.fitting.front().remedies;
+    out += fmt::format("best: sanaflow train {} --resolution {} --train_batch_size {} {} {}\n",
+                       model_flag, std::max(shape.latent_width, shape.latent_height) * 32,
+                       shape.batch / best.accumulation,
+                       lora ? fmt::format("--rank {}", o.rank) : "--full_finetune", best.flags());
+    return report;
+}
+
+}  // namespace sf::pipelines

@@ -1,0 +1,212 @@
+#include "stages/plan/memory_model.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/common/lora.h"
+#include "model/sana/sana_transformer.h"
+#include "stages/train/quantized_state.h"
+
+namespace sf::plan {
+
+std::string PlanRemedies::key(bool lora) const {
+    return fmt::format("{}/{}/ckpt{}/{}/ff{}/{}/{}", lora ? "lora" : "full",
+                       mixed_precision == "no" ? "fp32" : "bf16", gradient_checkpointing,
+                       chunked_attention() ? "chunked" : "dense", ff_chunk_size > 0 ? 1 : 0,
+                       fused_backward ? "fused" : "unfused", optimizer);
+}
+
+std::string PlanRemedies::flags() const {
+    std::vector<std::string> f;
+    if (mixed_precision != "no") f.push_back("--mixed_precision " + mixed_precision);
+    if (gradient_checkpointing == 1) f.push_back("--gradient_checkpointing");
+    if (gradient_checkpointing > 1) {
+        f.push_back(fmt::format("--gradient_checkpointing --gradient_checkpointing_every {}",
+                                gradient_checkpointing));
+    }
+    if (accumulation > 1)
+        f.push_back(fmt::format("--gradient_accumulation_steps {}", accumulation));
+    if (chunked_attention()) f.push_back("--attention " + attention);
+    if (ff_chunk_size > 0) f.push_back(fmt::format("--ff_chunk_size {}", ff_chunk_size));
+    if (fused_backward) f.push_back("--fused_backward_pass");
+    if (optimizer != "adamw") f.push_back("--optimizer " + optimizer);
+    return fmt::format("{}", fmt::join(f, " "));
+}
+
+int64_t ParameterCensus::state_bytes(const std::string& optimizer) const {
+    if (optimizer == "adamw") return adamw_state_bytes;
+    if (optimizer == "adamw8bit") return adamw8bit_state_bytes;
+    throw Error::InvalidArgument(
+        fmt::format("--optimizer: {} is not adamw or adamw8bit", optimizer));
+}
+
+namespace {
+
+ParameterCensus census_of(const PlanShape& shape, int64_t layers) {
+    model::SanaTransformerConfig c = shape.config;
+    c.num_layers = layers;
+    torch::NoGradGuard no_grad;
+    model::SanaTransformer m(c);
+    if (shape.lora_rank > 0) {
+        model::LoRAConfig lora;
+        lora.rank = shape.lora_rank;
+        lora.alpha = static_cast<double>(shape.lora_rank);
+        lora.targets = shape.lora_targets;
+        model::add_lora(*m, lora);
+    }
+    ParameterCensus n;
+    for (const auto& p : m->parameters()) n.total += p.numel();
+    for (const auto& [name, p] : model::trainable_parameters(*m)) {
+        const int64_t e = p.numel();
+        n.trainable += e;
+        n.largest_trainable = std::max(n.largest_trainable, e);
+        n.adamw_state_bytes += 2 * e * 4;
+        const int64_t blocks = (e + train::kQuantBlock - 1) / train::kQuantBlock;
+        n.adamw8bit_state_bytes += e >= train::kMin8BitSize ? 2 * (e + blocks * 4) : 2 * e * 4;
+    }
+    return n;
+}
+
+}  // namespace
+
+ParameterCensus count_parameters(const PlanShape& shape) {
+    const ParameterCensus one = census_of(shape, 1), two = census_of(shape, 2);
+    const int64_t more = shape.config.num_layers - 1;
+    ParameterCensus n;
+    n.total = one.total + more * (two.total - one.total);
+    n.trainable = one.trainable + more * (two.trainable - one.trainable);
+    n.adamw_state_bytes =
+        one.adamw_state_bytes + more * (two.adamw_state_bytes - one.adamw_state_bytes);
+    n.adamw8bit_state_bytes =
+        one.adamw8bit_state_bytes + more * (two.adamw8bit_state_bytes - one.adamw8bit_state_bytes);
+    n.largest_trainable = two.largest_trainable;
+    return n;
+}
+
+const std::vector<std::string> kFeatureNames = {
+    "constant",
+    "plain blocks x m x N x D",
+    "plain blocks x m x N x T x cross heads (dense cross-attention)",
+    "plain blocks x m x N x heads",
+    "plain blocks x m x N",
+    "plain blocks x m x N x D (whole self-attention)",
+    "plain blocks x m x N x ff width (whole feed-forward)",
+    "checkpointed blocks x m x N x D",
+    "m x N x D",
+    "m x N x T x cross heads (dense cross-attention)",
+    "m x N x heads",
+    "m x N",
+    "m x N x D (whole self-attention)",
+    "m x N x ff width (whole feed-forward)",
+    "blocks x m x T x cross width",
+    "m x T x caption channels",
+    "m x N x latent channels",
+    "batch x T x caption channels",
+    "batch x N x latent channels",
+    "trainable parameters",
+    "parameters",
+    "m x chunk x T x cross heads (chunked cross-attention)",
+    "m x chunk x D (chunked self-attention)",
+    "m x (ff rows + 2 halo rows) x row tokens x ff width (chunked feed-forward)",
+    "blocks",
+};
+
+std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
+                                  const ParameterCensus& census) {
+    const auto& c = shape.config;
+    const int64_t p = c.patch_size;
+    const int64_t rows = shape.latent_height / p, row_tokens = shape.latent_width / p;
+    const int64_t tokens = rows * row_tokens;
+    const double n = static_cast<double>(tokens);
+    const double m = static_cast<double>(shape.batch / std::max<int64_t>(1, r.accumulation));
+    const double batch = static_cast<double>(shape.batch);
+    const double t = static_cast<double>(shape.caption_tokens);
+    const double d = static_cast<double>(c.inner_dim());
+    const double ff = static_cast<double>(c.ff_hidden_dim());
+    const double hc = static_cast<double>(c.num_cross_attention_heads);
+    const double h = static_cast<double>(c.num_attention_heads);
+    const double blocks = static_cast<double>(c.num_layers);
+    const int64_t every = r.gradient_checkpointing;
+    const double ckpt = every > 0 ? static_cast<double>((c.num_layers + every - 1) / every) : 0.0;
+    const double plain = blocks - ckpt;
+    // What the model does with the chunk sizes (sana_blocks.cpp): the cross-attention runs its
+    // chunked kernel at any chunk; the self-attention and the feed-forward run whole when one
+    // chunk would hold every token or row.
+    const bool chunked = r.chunked_attention();
+    const double dense = chunked ? 0.0 : 1.0;
+    const double chunk = chunked ? static_cast<double>(std::min(r.attention_chunk, tokens)) : 0.0;
+    const bool self_chunked = chunked && r.attention_chunk < tokens;
+    const double self_whole = self_chunked ? 0.0 : 1.0;
+    const double self_chunk = self_chunked ? static_cast<double>(r.attention_chunk) : 0.0;
+    const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < rows;
+    const double ff_whole = ff_chunked ? 0.0 : 1.0;
+    const double ff_rows =
+        ff_chunked ? static_cast<double>(std::min(r.ff_chunk_size + 2, rows)) : 0.0;
+    return {
+        1.0,
+        plain * m * n * d,
+        dense * plain * m * n * t * hc,
+        plain * m * n * h,
+        plain * m * n,
+        self_whole * plain * m * n * d,
+        ff_whole * plain * m * n * ff,
+        ckpt * m * n * d,
+        m * n * d,
+        dense * m * n * t * hc,
+        m * n * h,
+        m * n,
+        self_whole * m * n * d,
+        ff_whole * m * n * ff,
+        blocks * m * t * static_cast<double>(c.cross_inner_dim()),
+        m * t * static_cast<double>(c.caption_channels),
+        m * n * static_cast<double>(c.in_channels),
+        batch * t * static_cast<double>(c.caption_channels),
+        batch * n * static_cast<double>(c.in_channels),
+        static_cast<double>(census.trainable),
+        static_cast<double>(census.total),
+        m * chunk * t * hc,
+        m * self_chunk * d,
+        m * ff_rows * static_cast<double>(row_tokens) * ff,
+        blocks,
+    };
+}
+
+double PhaseModel::eval(const std::vector<double>& x) const {
+    double highest = 0;
+    for (const Coefficients& c : planes) {
+        if (c.size() != x.size()) {
+            throw Error::InvalidArgument(fmt::format(
+                "plan: a calibration with {} coefficients, not {} (made by another version: "
+                "calibrate again)",
+                c.size(), x.size()));
+        }
+        double y = 0;
+        for (size_t i = 0; i < x.size(); ++i) y += c[i] * x[i];
+        highest = std::max(highest, y);
+    }
+    return highest;
+}
+
+Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
+                            const ParameterCensus& census, const PhaseModels& phases) {
+    const std::vector<double> x = step_features(shape, r, census);
+    Footprint f;
+    f.weights = census.total * 4;
+    f.gradients = r.fused_backward ? 0 : census.trainable * 4;
+    f.optimizer_state = census.state_bytes(r.optimizer);
+    for (const auto& [phase, model] : phases) {
+        const double rest = model.eval(x);
+        const int64_t bytes = f.weights + f.optimizer_state + static_cast<int64_t>(rest);
+        f.phase_peaks[phase] = bytes;
+        if (bytes > f.peak) {
+            f.peak = bytes;
+            f.peak_phase = phase;
+        }
+    }
+    return f;
+}
+
+}  // namespace sf::plan

@@ -1,0 +1,96 @@
+// What one training step of the Sana transformer holds at its peak, predicted from the model's
+// structure: `sanaflow plan` and `--auto_fit` ask it before anything is allocated.
+//
+// The static part is counted exactly from the configuration: the weights (fp32), the gradients
+// of the trainable parameters (none live together under the fused backward pass) and AdamW's
+// state (fp32 or 8-bit moments, per tensor as optim.h keeps them). The rest of each phase's peak
+// (activations saved for backward, the largest transient, the inputs) is a sum of structural
+// terms, each the element count of a kind of tensor the step holds: per block the token-wide
+// activations (m x N x D), the dense cross-attention scores (m x N x T x heads), the caption
+// keys and values, one block's recompute under checkpointing, one chunk's scores or hidden rows
+// under the chunked paths, the weights' low-precision copies under autocast, and so on
+// (step_features()). How many bytes each term costs is measured, not guessed: calibration.h runs
+// real steps of tiny configurations on the target device and fits the coefficients.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/sana/sana_config.h"
+
+namespace sf::plan {
+
+// The flags that change what a step holds, as the trainer spells them.
+struct PlanRemedies {
+    std::string mixed_precision = "no";  // "no" or "bf16" (fp16 holds the same)
+    int64_t gradient_checkpointing = 0;  // 0 off; k: every k-th block recomputed
+    std::string attention = "dense";     // "dense", "chunked", "fused"
+    int64_t attention_chunk = 1024;      // tokens per chunk of the chunked attentions
+    int64_t ff_chunk_size = 0;           // latent rows per feed-forward chunk; 0: whole
+    bool fused_backward = false;
+    int64_t accumulation = 1;         // micro-batches per optimizer step: batch / accumulation each
+    std::string optimizer = "adamw";  // "adamw" or "adamw8bit"
+
+    bool chunked_attention() const { return attention != "dense"; }
+    // What a calibration is kept under: the remedies that change which tensors a block holds
+    // (the sizes, such as the chunk or the micro-batch, are features, not keys).
+    std::string key(bool lora) const;
+    // The command-line flags that turn these remedies on (empty for none).
+    std::string flags() const;
+};
+
+struct PlanShape {
+    model::SanaTransformerConfig config;
+    int64_t latent_height = 32, latent_width = 32;  // the latent grid (pixels / 32 for DC-AE)
+    int64_t batch = 1;                              // samples per optimizer step
+    int64_t caption_tokens = 300;
+    int64_t lora_rank = 0;  // 0: full fine-tune
+    std::vector<std::string> lora_targets = {"to_q", "to_k", "to_v"};
+};
+
+// The parameters of a configuration, counted exactly: all, the trainable ones, and AdamW's state.
+struct ParameterCensus {
+    int64_t total = 0;
+    int64_t trainable = 0;
+    int64_t adamw_state_bytes = 0;      // two fp32 moments per trainable element
+    int64_t adamw8bit_state_bytes = 0;  // codes and absmax per block (fp32 below kMin8BitSize)
+    int64_t largest_trainable = 0;      // elements of the largest trainable tensor
+    int64_t state_bytes(const std::string& optimizer) const;
+};
+
+// Builds the configuration with one and with two blocks (never the whole model: the blocks are
+// alike, so every count is linear in their number) and counts what a run would train.
+ParameterCensus count_parameters(const PlanShape& shape);
+
+// The structural terms of a step, in elements (kFeatureNames says what each counts).
+std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
+                                  const ParameterCensus& census);
+extern const std::vector<std::string> kFeatureNames;
+
+// Bytes per element of each feature.
+using Coefficients = std::vector<double>;
+
+// One phase's peak beyond the static part: the highest of one or two planes. A phase can peak at
+// two moments (the backward at its start, when every saved activation is still held, or at its
+// end, when every gradient is), and which one is higher depends on the shape.
+struct PhaseModel {
+    std::vector<Coefficients> planes;
+    double eval(const std::vector<double>& x) const;
+};
+using PhaseModels = std::map<std::string, PhaseModel>;  // phase -> model
+
+struct Footprint {
+    int64_t weights = 0, gradients = 0, optimizer_state = 0;
+    std::map<std::string, int64_t> phase_peaks;  // "data", "forward", "backward", "optimizer"
+    int64_t peak = 0;
+    std::string peak_phase;
+};
+
+// The prediction of every phase fitted in `phases` (phase -> coefficients), the static part
+// added.
+Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
+                            const ParameterCensus& census, const PhaseModels& phases);
+
+}  // namespace sf::plan

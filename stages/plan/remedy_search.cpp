@@ -1,0 +1,102 @@
+#include "stages/plan/remedy_search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sf::plan {
+
+const std::vector<std::string>& searchable_remedies() {
+    static const std::vector<std::string> names = {
+        "mixed_precision", "gradient_checkpointing", "accumulation", "attention",
+        "ff_chunk_size",   "fused_backward",         "optimizer"};
+    return names;
+}
+
+namespace {
+
+// Each remedy's values: the given one alone unless it may vary.
+std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& given,
+                                       const std::set<std::string>& vary) {
+    auto varies = [&vary](const char* name) { return vary.count(name) > 0; };
+    std::vector<std::string> precisions = {given.mixed_precision};
+    if (varies("mixed_precision")) precisions = {"no", "bf16"};
+    std::vector<int64_t> checkpointing = {given.gradient_checkpointing};
+    if (varies("gradient_checkpointing")) checkpointing = {0, 1};
+    std::vector<int64_t> accumulations = {given.accumulation};
+    if (varies("accumulation")) {
+        accumulations.clear();
+        for (int64_t a = 1; a <= s.batch; a *= 2)
+            if (s.batch % a == 0) accumulations.push_back(a);
+    }
+    std::vector<std::string> attentions = {given.attention};
+    if (varies("attention")) attentions = {"dense", "chunked"};
+    const int64_t rows = s.latent_height / s.config.patch_size;
+    std::vector<int64_t> ff = {given.ff_chunk_size};
+    if (varies("ff_chunk_size")) {
+        ff = {0};
+        if (rows >= 16) ff.push_back(rows / 8);  // eight chunks
+    }
+    std::vector<bool> fused = {given.fused_backward};
+    if (varies("fused_backward")) fused = {false, true};
+    std::vector<std::string> optimizers = {given.optimizer};
+    if (varies("optimizer")) optimizers = {"adamw", "adamw8bit"};
+
+    std::vector<PlanRemedies> out;
+    for (const auto& precision : precisions)
+        for (int64_t ckpt : checkpointing)
+            for (const auto& attention : attentions)
+                for (int64_t rows_per_chunk : ff)
+                    for (bool f : fused)
+                        for (const auto& optimizer : optimizers)
+                            for (int64_t accumulation : accumulations) {
+                                PlanRemedies r = given;
+                                r.mixed_precision = precision;
+                                r.gradient_checkpointing = ckpt;
+                                r.attention = attention;
+                                r.ff_chunk_size = rows_per_chunk;
+                                r.fused_backward = f;
+                                r.optimizer = optimizer;
+                                r.accumulation = accumulation;
+                                out.push_back(r);
+                            }
+    return out;
+}
+
+}  // namespace
+
+SearchResult search_remedies(const PlanShape& shape, const PlanRemedies& given,
+                             const std::set<std::string>& vary, int64_t budget,
+                             CalibrationStore& store) {
+    const auto& known = searchable_remedies();
+    for (const std::string& name : vary) {
+        if (std::find(known.begin(), known.end(), name) == known.end()) {
+            throw Error::InvalidArgument(
+                fmt::format("--search: {} is not one of {}", name, fmt::join(known, ", ")));
+        }
+    }
+    const bool lora = shape.lora_rank > 0;
+    const ParameterCensus census = count_parameters(shape);
+    SearchResult result;
+    for (const PlanRemedies& r : combinations(shape, given, vary)) {
+        ++result.tried;
+        Footprint f = predict_footprint(shape, r, census, store.phases(shape.config, r, lora));
+        if (f.peak > budget) continue;
+        result.fitting.push_back({r, std::move(f), store.relative_time(shape.config, r, lora)});
+    }
+    // Costs within 5% count as equal: then fewer micro-batches, then the lower peak.
+    std::sort(result.fitting.begin(), result.fitting.end(),
+              [](const Candidate& a, const Candidate& b) {
+                  const double ca = std::round(a.cost * 20), cb = std::round(b.cost * 20);
+                  if (ca != cb) return ca < cb;
+                  if (a.remedies.accumulation != b.remedies.accumulation)
+                      return a.remedies.accumulation < b.remedies.accumulation;
+                  return a.footprint.peak < b.footprint.peak;
+              });
+    return result;
+}
+
+}  // namespace sf::plan
