@@ -1,9 +1,15 @@
 #include "core/log.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <mutex>
+
+#include "core/error.h"
 
 namespace sf {
 namespace {
@@ -46,6 +52,41 @@ std::string format_bytes(int64_t bytes) {
         ++u;
     }
     return fmt::format("{}{:.{}f} {}", bytes < 0 ? "-" : "", v, u == 0 ? 0 : 2, units[u]);
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& flag) {
+    size_t i = 0;
+    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+        ++i;
+    std::string unit = text.substr(i);
+    unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+    std::transform(unit.begin(), unit.end(), unit.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    const std::map<std::string, double> units = {{"", 1},
+                                                 {"b", 1},
+                                                 {"kb", 1e3},
+                                                 {"mb", 1e6},
+                                                 {"gb", 1e9},
+                                                 {"tb", 1e12},
+                                                 {"kib", 1024.0},
+                                                 {"mib", 1048576.0},
+                                                 {"gib", 1073741824.0},
+                                                 {"tib", 1099511627776.0}};
+    double value = 0;
+    try {
+        value = i > 0 ? std::stod(text.substr(0, i)) : -1;
+    } catch (const std::exception&) {
+        value = -1;
+    }
+    const auto u = units.find(unit);
+    if (value <= 0 || u == units.end() || !std::isfinite(value * u->second) ||
+        value * u->second > 9e18) {
+        throw Error::InvalidArgument(fmt::format(
+            "{}: {} is not a size (a positive number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, "
+            "e.g. 24GiB)",
+            flag, text.substr(0, 40)));
+    }
+    return static_cast<int64_t>(value * u->second);
 }
 
 }  // namespace sf

@@ -41,5 +41,7 @@ void log_debug(fmt::format_string<Args...> f, Args&&... args) {
 
 // Human-readable byte count: "1.25 GiB".
 std::string format_bytes(int64_t bytes);
+// "24GiB", "24 GB", "1.5TiB", "800MiB", "123456" -> bytes; kInvalidArgument naming `flag`.
+int64_t parse_bytes(const std::string& text, const std::string& flag);
 
 }  // namespace sf

@@ -66,59 +66,7 @@ plan::PlanShape resolve_shape(const PlanOptions& o) {
     return s;
 }
 
-std::string footprint_table(const plan::Footprint& f) {
-    std::string out = fmt::format("  {:<34} {:>12}\n", "weights (fp32)", format_bytes(f.weights));
-    out += fmt::format("  {:<34} {:>12}\n", "gradients (trainable, fp32)",
-                       f.gradients > 0 ? format_bytes(f.gradients) : "none live (fused)");
-    out += fmt::format("  {:<34} {:>12}\n", "optimizer state", format_bytes(f.optimizer_state));
-    out += fmt::format("  {:<34} {:>12} {:>30}\n", "phase", "peak", "activations and transients");
-    for (const std::string phase : {"data", "forward", "backward", "optimizer"}) {
-        const auto it = f.phase_peaks.find(phase);
-        if (it == f.phase_peaks.end()) continue;
-        const int64_t rest = it->second - f.weights - f.optimizer_state;
-        out += fmt::format("  {:<34} {:>12} {:>30}{}\n", phase, format_bytes(it->second),
-                           format_bytes(std::max<int64_t>(0, rest)),
-                           phase == f.peak_phase ? "  <- peak" : "");
-    }
-    return out;
-}
-
 }  // namespace
-
-int64_t parse_bytes(const std::string& text, const std::string& flag) {
-    size_t i = 0;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
-        ++i;
-    std::string unit = text.substr(i);
-    unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-    std::transform(unit.begin(), unit.end(), unit.begin(),
-                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    const std::map<std::string, double> units = {{"", 1},
-                                                 {"b", 1},
-                                                 {"kb", 1e3},
-                                                 {"mb", 1e6},
-                                                 {"gb", 1e9},
-                                                 {"tb", 1e12},
-                                                 {"kib", 1024.0},
-                                                 {"mib", 1048576.0},
-                                                 {"gib", 1073741824.0},
-                                                 {"tib", 1099511627776.0}};
-    double value = 0;
-    try {
-        value = i > 0 ? std::stod(text.substr(0, i)) : -1;
-    } catch (const std::exception&) {
-        value = -1;
-    }
-    const auto u = units.find(unit);
-    if (value <= 0 || u == units.end() || !std::isfinite(value * u->second) ||
-        value * u->second > 9e18) {
-        throw Error::InvalidArgument(fmt::format(
-            "{}: {} is not a size (a positive number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, "
-            "e.g. 24GiB)",
-            flag, text.substr(0, 40)));
-    }
-    return static_cast<int64_t>(value * u->second);
-}
 
 PlanReport run_plan(const PlanOptions& o) {
     if (o.train_batch_size < 1) throw Error::InvalidArgument("--train_batch_size must be >= 1");
@@ -147,7 +95,7 @@ PlanReport run_plan(const PlanOptions& o) {
     out += fmt::format("predicted peak with {}: {} (in the {} phase)\n",
                        given_flags.empty() ? "no remedies" : given_flags, format_bytes(given.peak),
                        given.peak_phase);
-    out += footprint_table(given);
+    out += plan::footprint_table(given);
     if (o.memory_budget.empty()) {
         store.save();
         return report;

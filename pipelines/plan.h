@@ -42,7 +42,4 @@ struct PlanReport {
 // kInvalidArgument naming the flag for a bad value; kNotFound for a missing config.
 PlanReport run_plan(const PlanOptions& o);
 
-// "24GiB", "24 GB", "1.5TiB", "800MiB", "123456" -> bytes; kInvalidArgument naming `flag`.
-int64_t parse_bytes(const std::string& text, const std::string& flag);
-
 }  // namespace sf::pipelines

@@ -598,59 +598,6 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     EXPECT_FALSE(t.validation_vae_tiling);
 }
 
-// --auto_fit: under a byte budget that the first step does not fit at micro-batch 4, the run
-// splits the micro-batch and goes on; it ends with the very weights of a run started with
-// --micro_batch_split 2, and without --auto_fit the same budget stops the run naming the phase.
-TEST(TrainIntegration, AutoFitRecoversFromOutOfMemoryAsIfStartedAdapted) {
-    TempDir out("sf_train_auto_fit");
-    auto o = train_options(out.file("whole"));
-    o.train_batch_size = 4;
-    o.max_train_steps = 3;
-    // The highest forward or backward peak of a run, as its metrics record it.
-    auto step_peak = [](const std::string& dir) {
-        int64_t peak = 0;
-        std::istringstream lines(sf::test::read_file(fs::path(dir) / "metrics.jsonl"));
-        for (std::string line; std::getline(lines, line);) {
-            const auto bytes = nlohmann::json::parse(line).at("peak_bytes");
-            for (const char* phase : {"forward", "backward"})
-                peak = std::max(peak, bytes.at(phase).get<int64_t>());
-        }
-        return peak;
-    };
-    sf::pipelines::run_train(o);
-    const int64_t whole_peak = step_peak(o.output_dir);
-    auto split = o;
-    split.output_dir = out.file("split");
-    split.micro_batch_split = 2;
-    sf::pipelines::run_train(split);
-    const int64_t split_peak = step_peak(split.output_dir);
-    ASSERT_LT(split_peak, whole_peak);
-    const int64_t budget = (whole_peak + split_peak) / 2;
-
-    auto fitted = o;
-    fitted.output_dir = out.file("fitted");
-    fitted.auto_fit = true;
-    {
-        const sf::mem::BudgetGuard guard(budget);
-        sf::pipelines::run_train(fitted);
-    }
-    const std::string weights = "/transformer/diffusion_pytorch_model.safetensors";
-    EXPECT_EQ(sf::test::read_file(fitted.output_dir + weights),
-              sf::test::read_file(split.output_dir + weights));
-    EXPECT_EQ(losses_in(fitted.output_dir), losses_in(split.output_dir));
-
-    auto plain = o;
-    plain.output_dir = out.file("plain");
-    try {
-        const sf::mem::BudgetGuard guard(budget);
-        sf::pipelines::run_train(plain);
-        ADD_FAILURE() << "the budget did not bite";
-    } catch (const sf::Error& e) {
-        EXPECT_EQ(e.code(), sf::ErrorCode::kOutOfMemory);
-        EXPECT_NE(std::string(e.what()).find("phase of step 1"), std::string::npos) << e.what();
-    }
-}
-
 // A resumed run trains the steps after its checkpoint again: metrics.jsonl keeps each step once
 // (the earlier run's lines past the checkpoint dropped, a torn last line too), in order.
 TEST(TrainIntegration, MetricsHoldEachStepOnceAcrossAResume) {

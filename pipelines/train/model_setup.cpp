@@ -20,6 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+}  // namespace
+
 std::vector<std::string> split_csv(const std::string& s) {
     std::vector<std::string> out;
     std::stringstream in(s);
@@ -29,6 +31,8 @@ std::vector<std::string> split_csv(const std::string& s) {
     }
     return out;
 }
+
+namespace {
 
 // The transformer directory of --pretrained_model_name_or_path: the root's transformer/, or the
 // directory itself when it holds config.json.

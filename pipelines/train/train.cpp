@@ -42,7 +42,13 @@ void check_number(const char* flag, double value, double lo, double hi, const ch
 // --num_train_epochs at most: a million epochs of any cache is more steps than any run takes.
 constexpr int64_t kMaxEpochs = 1'000'000;
 
+// --memory_budget in bytes; 0 when none.
+int64_t memory_budget(const TrainOptions& o) {
+    return o.memory_budget.empty() ? 0 : parse_bytes(o.memory_budget, "--memory_budget");
+}
+
 void validate(const TrainOptions& o) {
+    memory_budget(o);  // a bad size is refused before any work
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
     if (o.optimizer != "adamw" && o.optimizer != "adamw8bit") {
@@ -375,6 +381,7 @@ train::StepResult fitted_step(const TrainOptions& o, const train::TrainingSet& s
             global.set_state(global_state);
             report.batch_frames.resize(frames);
             trainer.adapt(adapted);
+            report.out_of_memory_changes.push_back(*change);
             log_warn(
                 "train: --auto_fit: step {} ran out of memory; from now on: {}; running it again",
                 trainer.steps_done() + 1, *change);
@@ -431,6 +438,11 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     memlog.mark("train", "before model");
     std::string source;
     const auto transformer = training::build_transformer(o, set, source);
+    train::TrainStepOptions start = step_options(o);
+    std::vector<std::string> planned;
+    if (const int64_t budget = memory_budget(o); o.auto_fit && budget > 0) {
+        start = training::plan_start_of_run(o, set, *transformer, start, budget, device, planned);
+    }
     transformer->module().to(device);
     const training::NamedTensors trainable = model::trainable_parameters(transformer->module());
     int64_t trainable_count = 0;
@@ -449,7 +461,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     train::TrainStep trainer(transformer, trainable, adamw,
                              train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
                                                o.max_train_steps, o.lr_num_cycles, o.lr_power),
-                             step_options(o), device);
+                             start, device);
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
@@ -458,6 +470,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
 
     TrainReport report;
     report.trainable_parameters = trainable_count;
+    report.planned_changes = planned;
     std::optional<std::string> last_checkpoint;  // the newest good one, for messages
     if (!o.resume_from_checkpoint.empty()) {
         // `latest` is verified while it is chosen; a directory named by the user is verified here.
@@ -540,6 +553,14 @@ TrainReport run_train(const TrainOptions& options) {
         at::globalContext().setAllowTF32CuDNN(true);
         if (!device.is_cuda()) log_info("train: --allow_tf32 has no effect on {}", device.str());
     }
+
+    // On the CPU the counting allocator holds the run to --memory_budget; on CUDA the budget is
+    // what --auto_fit plans for.
+    const int64_t budget = memory_budget(o);
+    std::optional<mem::BudgetGuard> budget_guard;
+    if (budget > 0 && device.is_cpu()) budget_guard.emplace(budget);
+    if (budget > 0 && !device.is_cpu() && !o.auto_fit)
+        log_info("train: --memory_budget on {} is what --auto_fit plans for", device.str());
 
     const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
     const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);

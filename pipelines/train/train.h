@@ -37,6 +37,12 @@ struct TrainOptions {
     // A step that runs out of memory is run again with the next remedy (stages/train/auto_fit.h)
     // instead of ending the run.
     bool auto_fit = false;
+    // The memory a run may take ("24GiB", bytes; "" none): on CPU the counting allocator's byte
+    // budget, past which an allocation is out of memory; with --auto_fit what the plan before
+    // the first step fits the run's settings to (stages/plan/start_plan.h).
+    std::string memory_budget;
+    // The plan's calibration file; "": plan::default_calibration_file.
+    std::string plan_calibration;
 
     // Optimisation.
     std::string optimizer =
@@ -116,6 +122,9 @@ struct TrainReport {
     std::string phase_table;                   // per-phase peak memory
     std::string memory_marks;                  // the memory log of the run
     int64_t trainable_parameters = 0;
+    // What --auto_fit changed: before the first step (the plan), then after each step that ran
+    // out of memory, in train::relieve()'s words.
+    std::vector<std::string> planned_changes, out_of_memory_changes;
 
     // What the command prints at the end: steps, loss at the start and the end, the weights,
     // the per-phase peaks.

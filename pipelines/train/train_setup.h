@@ -49,6 +49,18 @@ struct RunParts {
     train::BucketSampler* image_sampler = nullptr;  // joint image-video training only
 };
 
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_csv(const std::string& s);
+
+// start_plan.cpp: --auto_fit with a budget: `start` (the run's own step options) or the
+// remedies the plan adds to it (listed in `changes`) so the first step is predicted to fit
+// `budget`; kOutOfMemory with the plan's table when nothing does. The video transformer is not
+// planned (it adapts when a step runs out of memory).
+train::TrainStepOptions plan_start_of_run(const TrainOptions& o, const train::TrainingSet& set,
+                                          model::DiffusionTransformer& transformer,
+                                          const train::TrainStepOptions& start, int64_t budget,
+                                          c10::Device device, std::vector<std::string>& changes);
+
 // The latent frames where --chunk_index's timestep chunks start ("" -> none);
 // kInvalidArgument naming the flag for anything but increasing integers from 0.
 std::vector<int64_t> parse_chunk_index(const std::string& text);

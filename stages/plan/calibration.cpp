@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -92,9 +93,6 @@ std::vector<double> fit_relative_nonnegative(const std::vector<std::vector<doubl
 }
 
 PhaseModel fit_phase(const std::vector<std::vector<double>>& a, const std::vector<double>& b) {
-    const size_t trainable = static_cast<size_t>(
-        std::find(kFeatureNames.begin(), kFeatureNames.end(), "trainable parameters") -
-        kFeatureNames.begin());
     const size_t min_points = 8;
     auto error_of = [&](const PhaseModel& m) {
         double e = 0;
@@ -104,14 +102,22 @@ PhaseModel fit_phase(const std::vector<std::vector<double>>& a, const std::vecto
     const PhaseModel one{{fit_relative_nonnegative(a, b)}};
     PhaseModel best = one;
     double best_error = error_of(one);
-    // Two starting splits: by how much of the target the gradients (4 bytes per trainable
-    // element) could be, and by which side of the single plane a point lies.
-    std::vector<int> by_gradients(a.size()), by_residual(a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-        by_gradients[i] = 4 * a[i][trainable] > 0.5 * b[i] ? 1 : 0;
-        by_residual[i] = one.eval(a[i]) < b[i] ? 1 : 0;
+    if (a.empty()) return best;
+    // Starting splits, one per term: the points where the term makes more of the target than it
+    // does at the median point against the others (the term that the moment of the peak
+    // depends on, such as the gradients' share at the end of the backward pass, separates them).
+    std::vector<std::vector<int>> starts;
+    for (size_t j = 0; j < a.front().size(); ++j) {
+        std::vector<double> share(a.size());
+        for (size_t i = 0; i < a.size(); ++i) share[i] = a[i][j] / b[i];
+        std::vector<double> sorted = share;
+        std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+        const double median = sorted[sorted.size() / 2];
+        std::vector<int> side(a.size());
+        for (size_t i = 0; i < a.size(); ++i) side[i] = share[i] > median ? 1 : 0;
+        starts.push_back(std::move(side));
     }
-    for (std::vector<int> side : {by_gradients, by_residual}) {
+    for (std::vector<int> side : starts) {
         for (int round = 0; round < 20; ++round) {
             std::vector<std::vector<double>> sa[2];
             std::vector<double> sb[2];
@@ -347,11 +353,31 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
 
 namespace sf::plan {
 
+std::string default_calibration_file(c10::Device device) {
+    std::filesystem::path dir;
+    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+        dir = xdg;
+    } else if (const char* home = std::getenv("HOME"); home && *home) {
+        dir = std::filesystem::path(home) / ".cache";
+    } else {
+        return "";
+    }
+    std::string name = device.str();
+    std::replace(name.begin(), name.end(), ':', '-');
+    return (dir / "sanaflow" / fmt::format("plan-calibration-{}.json", name)).string();
+}
+
 CalibrationStore::CalibrationStore(c10::Device device, std::string file, bool recalibrate,
                                    int64_t points)
     : device_(device), file_(std::move(file)), recalibrate_(recalibrate), points_(points) {
     if (file_.empty() || !std::filesystem::exists(file_)) return;
-    Calibration c = Calibration::from_json(storage::read_file(file_), file_);
+    Calibration c;
+    try {
+        c = Calibration::from_json(storage::read_file(file_), file_);
+    } catch (const Error& e) {
+        log_warn("plan: {}: calibrating again (the file will be replaced)", e.what());
+        return;
+    }
     if (c.device != device.str() || c.points != points_) {
         log_info(
             "plan: {} was measured on {} from {} steps per key, not on {} from {}: "
@@ -388,6 +414,8 @@ double CalibrationStore::relative_time(const model::SanaTransformerConfig& c, co
 
 void CalibrationStore::save() const {
     if (file_.empty() || fresh_.empty()) return;
+    const std::filesystem::path parent = std::filesystem::path(file_).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
     storage::write_file_atomic(file_, cal_.to_json());
     log_info("plan: calibration written to {}", file_);
 }

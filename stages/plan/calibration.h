@@ -47,8 +47,9 @@ void calibrate(Calibration& into, const model::SanaTransformerConfig& base, cons
                bool lora, c10::Device device, int64_t points = 48);
 
 // One phase's model: the highest of two planes (k-plane regression: each point to the plane
-// that predicts it higher, each plane refitted on its points, until the split settles), or one
-// plane when that fits as well or either side has too few points.
+// that predicts it higher, each plane refitted on its points, until the split settles; started
+// from one split per term, by the term's share of the target), or one plane when that fits as
+// well or either side has too few points.
 PhaseModel fit_phase(const std::vector<std::vector<double>>& a, const std::vector<double>& b);
 
 // min over c >= 0 of sum_i ((a_i . c - b_i) / b_i)^2 (Lawson-Hanson active set); b_i > 0.
@@ -58,6 +59,10 @@ std::vector<double> fit_relative_nonnegative(const std::vector<std::vector<doubl
 }  // namespace sf::plan
 
 namespace sf::plan {
+
+// Where calibrations are kept between runs unless a file is named: $XDG_CACHE_HOME/sanaflow/
+// (else ~/.cache/sanaflow/) plan-calibration-<device>.json; "" when neither is set.
+std::string default_calibration_file(c10::Device device);
 
 // The calibrations a plan needs, measured when first asked for (or again with `recalibrate`),
 // read from and saved to `file` when one is given (a file made on another device is ignored).

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
 #include "stages/train/quantized_state.h"
@@ -29,6 +30,8 @@ std::string PlanRemedies::flags() const {
     }
     if (accumulation > 1)
         f.push_back(fmt::format("--gradient_accumulation_steps {}", accumulation));
+    if (micro_batch_split > 1)
+        f.push_back(fmt::format("--micro_batch_split {}", micro_batch_split));
     if (chunked_attention()) f.push_back("--attention " + attention);
     if (ff_chunk_size > 0) f.push_back(fmt::format("--ff_chunk_size {}", ff_chunk_size));
     if (fused_backward) f.push_back("--fused_backward_pass");
@@ -121,7 +124,10 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const int64_t rows = shape.latent_height / p, row_tokens = shape.latent_width / p;
     const int64_t tokens = rows * row_tokens;
     const double n = static_cast<double>(tokens);
-    const double m = static_cast<double>(shape.batch / std::max<int64_t>(1, r.accumulation));
+    // Samples a pass holds: a micro-batch, or its part under --micro_batch_split.
+    const int64_t micro = shape.batch / std::max<int64_t>(1, r.accumulation);
+    const int64_t split = std::max<int64_t>(1, r.micro_batch_split);
+    const double m = static_cast<double>((micro + split - 1) / split);
     const double batch = static_cast<double>(shape.batch);
     const double t = static_cast<double>(shape.caption_tokens);
     const double d = static_cast<double>(c.inner_dim());
@@ -207,6 +213,23 @@ Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
         }
     }
     return f;
+}
+
+std::string footprint_table(const Footprint& f) {
+    std::string out = fmt::format("  {:<34} {:>12}\n", "weights (fp32)", format_bytes(f.weights));
+    out += fmt::format("  {:<34} {:>12}\n", "gradients (trainable, fp32)",
+                       f.gradients > 0 ? format_bytes(f.gradients) : "none live (fused)");
+    out += fmt::format("  {:<34} {:>12}\n", "optimizer state", format_bytes(f.optimizer_state));
+    out += fmt::format("  {:<34} {:>12} {:>30}\n", "phase", "peak", "activations and transients");
+    for (const std::string phase : {"data", "forward", "backward", "optimizer"}) {
+        const auto it = f.phase_peaks.find(phase);
+        if (it == f.phase_peaks.end()) continue;
+        const int64_t rest = it->second - f.weights - f.optimizer_state;
+        out += fmt::format("  {:<34} {:>12} {:>30}{}\n", phase, format_bytes(it->second),
+                           format_bytes(std::max<int64_t>(0, rest)),
+                           phase == f.peak_phase ? "  <- peak" : "");
+    }
+    return out;
 }
 
 }  // namespace sf::plan

@@ -31,6 +31,7 @@ struct PlanRemedies {
     int64_t ff_chunk_size = 0;           // latent rows per feed-forward chunk; 0: whole
     bool fused_backward = false;
     int64_t accumulation = 1;         // micro-batches per optimizer step: batch / accumulation each
+    int64_t micro_batch_split = 1;    // passes per micro-batch (what a pass holds is counted)
     std::string optimizer = "adamw";  // "adamw" or "adamw8bit"
 
     bool chunked_attention() const { return attention != "dense"; }
@@ -92,5 +93,8 @@ struct Footprint {
 // added.
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases);
+
+// The footprint as a table: the static part, then each phase's peak ("<- peak" at the highest).
+std::string footprint_table(const Footprint& f);
 
 }  // namespace sf::plan

@@ -175,9 +175,18 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
     }
     set.latent_channels_ = latent.size(0);
     set.latent_rank_ = latent.dim();
-    set.text_hidden_ = tensor_of(*storage::CacheReader(c, schema::kTextDb).get(first.text_key),
-                                 schema::kPromptEmbeds, first.text_key)
-                           .size(1);
+    set.latent_downsample_ = std::max<int64_t>(1, first.bucket.height / latent.size(-2));
+    const storage::Record text = *storage::CacheReader(c, schema::kTextDb).get(first.text_key);
+    const at::Tensor embeds = tensor_of(text, schema::kPromptEmbeds, first.text_key);
+    set.text_hidden_ = embeds.size(1);
+    set.max_caption_tokens_ = embeds.size(0);
+    if (auto it = text.metadata.find(schema::kMaxLength); it != text.metadata.end()) {
+        try {
+            set.max_caption_tokens_ = std::max<int64_t>(embeds.size(0), std::stoll(it->second));
+        } catch (const std::exception&) {
+            // A text record with a damaged max_length: its own length is the bound.
+        }
+    }
     return set;
 }
 

@@ -61,6 +61,11 @@ public:
     // [C, f, h, w] (what the video VAE makes, of images too: one-frame videos).
     int64_t latent_rank() const { return latent_rank_; }
     int64_t text_hidden() const { return text_hidden_; }
+    // Pixels per latent cell (32 for DC-AE, 8 for the Wan VAE), from the first sample's bucket.
+    int64_t latent_downsample() const { return latent_downsample_; }
+    // The most caption tokens a sample may have: the text encoder's padded length as prep
+    // recorded it (the first caption's length when the record does not say).
+    int64_t max_caption_tokens() const { return max_caption_tokens_; }
     // XXH3-128 of every sample's keys, in order. The keys are content keys of the source bytes
     // and every encoder setting, so two sets hash alike only when they hold the same samples
     // encoded the same way (same resolution, same encoder weights).
@@ -87,6 +92,7 @@ private:
     std::vector<TrainingSample> samples_;
     std::map<Bucket, std::vector<int64_t>> buckets_;
     int64_t latent_channels_ = 0, latent_rank_ = 0, text_hidden_ = 0;
+    int64_t latent_downsample_ = 1, max_caption_tokens_ = 0;
     int64_t damaged_ = 0;
     bool skip_damaged_ = false;
     // Indices into samples_ found damaged while training: load() is called from the training

@@ -55,7 +55,16 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     cmd->add_flag("--auto_fit", o.auto_fit,
                   "when a step runs out of memory, run it again on the same samples with the next "
                   "remedy (a doubled --micro_batch_split, then checkpointing, chunked attention, "
-                  "the chunked feed-forward) instead of stopping");
+                  "the chunked feed-forward) instead of stopping; with --memory_budget it first "
+                  "predicts the step (as sanaflow plan does) and starts with the remedies that "
+                  "fit, refusing the run when none does");
+    cmd->add_option("--memory_budget", o.memory_budget,
+                    "the memory the run may take, e.g. 24GiB: on the CPU an allocation past it is "
+                    "out of memory; with --auto_fit the run starts with settings predicted to "
+                    "fit it");
+    cmd->add_option("--plan_calibration", o.plan_calibration,
+                    "the calibration file of --auto_fit's plan (default: "
+                    "~/.cache/sanaflow/plan-calibration-DEVICE.json, measured once per device)");
 }
 
 // Batches, steps, the learning-rate schedule and AdamW.

@@ -1,0 +1,39 @@
+#include "stages/plan/start_plan.h"
+
+#include "stages/train/auto_fit.h"
+
+namespace sf::plan {
+
+PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer) {
+    PlanRemedies r;
+    r.mixed_precision = o.mixed_precision == "fp16" ? "bf16" : o.mixed_precision;
+    r.gradient_checkpointing = o.gradient_checkpointing;
+    r.attention = o.attention;
+    r.attention_chunk = o.attention_chunk;
+    r.ff_chunk_size = o.ff_chunk_size;
+    r.fused_backward = o.fused_backward;
+    r.accumulation = o.accumulation;
+    r.micro_batch_split = o.micro_batch_split;
+    r.optimizer = optimizer;
+    return r;
+}
+
+StartPlan plan_start(const PlanShape& shape, int64_t micro_batch, train::TrainStepOptions o,
+                     const std::string& optimizer, int64_t budget, CalibrationStore& store) {
+    const bool lora = shape.lora_rank > 0;
+    const ParameterCensus census = count_parameters(shape);
+    StartPlan plan;
+    for (;;) {
+        const PlanRemedies r = remedies_of(o, optimizer);
+        plan.predicted = predict_footprint(shape, r, census, store.phases(shape.config, r, lora));
+        plan.options = o;
+        plan.fits =
+            static_cast<double>(plan.predicted.peak) * kStartMargin <= static_cast<double>(budget);
+        if (plan.fits) return plan;
+        const auto change = train::relieve(o, micro_batch, /*video=*/false);
+        if (!change) return plan;
+        plan.changes.push_back(*change);
+    }
+}
+
+}  // namespace sf::plan
