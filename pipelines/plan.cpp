@@ -75,7 +75,9 @@ PlanReport run_plan(const PlanOptions& o) {
     const plan::PlanShape shape = resolve_shape(o);
     const c10::Device device = resolve_device(o.device);
     const bool lora = o.rank > 0;
-    plan::CalibrationStore store(device, o.calibration_file, o.calibrate, o.calibration_points);
+    const std::string file =
+        o.calibration_file.empty() ? plan::default_calibration_file(device) : o.calibration_file;
+    plan::CalibrationStore store(device, file, o.calibrate, o.calibration_points);
     const plan::ParameterCensus census = plan::count_parameters(shape);
 
     PlanReport report;

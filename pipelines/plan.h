@@ -24,7 +24,8 @@ struct PlanOptions {
     plan::PlanRemedies remedies;      // the flags given: the table's row
     std::string memory_budget;        // "24GiB", "500MB", bytes; empty: no search
     std::string device = "cpu";       // calibrated here; "cuda" also reads the free memory
-    std::string calibration_file;     // read when it matches, written after calibrating
+    std::string calibration_file;     // read when it matches, written after calibrating; "": the
+                                      // default (plan::default_calibration_file)
     bool calibrate = false;           // measure again even when the file has it
     int64_t calibration_points = 48;  // measured tiny steps per remedy key
     // The remedies the search may vary (plan::searchable_remedies()); the others stay as given.

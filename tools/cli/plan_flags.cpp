@@ -65,8 +65,10 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
                     "first, and the train command line of the best");
     cmd->add_option("--device", o.device, "where to calibrate: cpu, cuda or cuda:N")
         ->capture_default_str();
-    cmd->add_option("--calibration", o.calibration_file,
-                    "keep the measured calibration in this JSON file and reuse it next time");
+    cmd->add_option(
+        "--calibration", o.calibration_file,
+        "keep the measured calibration in this JSON file and reuse it next time (default: "
+        "~/.cache/sanaflow/plan-calibration-DEVICE.json, shared with train --auto_fit)");
     cmd->add_flag("--calibrate", o.calibrate, "measure again even when --calibration has it");
     cmd->add_option("--search", o.search,
                     "the remedies the search may vary (the others stay as given): "

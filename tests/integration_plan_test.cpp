@@ -1,0 +1,52 @@
+// `sanaflow plan` through the program: the per-phase table of a real-size configuration, the
+// search under --memory_budget with the command line of the best, exit 1 when nothing fits.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "integration_util.h"
+#include "test_util.h"
+
+namespace {
+
+using sf::test::kSanaflow;
+using sf::test::TempDir;
+
+// The target: a full fine-tune of sana-1600m at 1024 px with checkpointing and bf16 takes
+// more than 24 GiB with fp32 AdamW (its moments alone are 12 GiB); the plan finds the remedies
+// that fit (the 8-bit moments and the fused backward pass), and refuses 12 GiB.
+TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
+    TempDir tmp("sf_plan_cli");
+    const std::string plan = kSanaflow +
+                             " plan --model sana-1600m --resolution 1024 --full_finetune "
+                             "--train_batch_size 1 --mixed_precision bf16 --gradient_checkpointing "
+                             "--search optimizer,fused_backward --calibration " +
+                             tmp.file("calibration.json");
+    const auto fits = sf::test::run_command(plan + " --memory_budget 24GiB");
+    ASSERT_EQ(fits.exit_code, 0) << fits.output;
+    EXPECT_NE(fits.output.find("1604462752 parameters"), std::string::npos) << fits.output;
+    EXPECT_NE(fits.output.find("optimizer state                       11.95 GiB"),
+              std::string::npos)
+        << fits.output;
+    EXPECT_NE(fits.output.find("<- peak"), std::string::npos) << fits.output;
+    const size_t best = fits.output.find("best: sanaflow train --model sana-1600m");
+    ASSERT_NE(best, std::string::npos) << fits.output;
+    EXPECT_NE(fits.output.find("--optimizer adamw8bit", best), std::string::npos) << fits.output;
+    // The given settings alone do not fit: the best one adds a remedy to them.
+    EXPECT_EQ(fits.output.find("4 of 4 combinations fit"), std::string::npos) << fits.output;
+
+    const auto none = sf::test::run_command(plan + " --memory_budget 12GiB");
+    EXPECT_EQ(none.exit_code, 1) << none.output;
+    EXPECT_NE(none.output.find("nothing fits"), std::string::npos) << none.output;
+    EXPECT_EQ(none.output.find("plan: calibrated "), std::string::npos)
+        << "the second plan measured again instead of reading the calibration file";
+
+    const auto bad = sf::test::run_command(plan + " --memory_budget 24parsecs");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("--memory_budget"), std::string::npos) << bad.output;
+    const auto unknown = sf::test::run_command(plan + " --memory_budget 24GiB --search bogus");
+    EXPECT_NE(unknown.exit_code, 0);
+    EXPECT_NE(unknown.output.find("bogus"), std::string::npos) << unknown.output;
+}
+
+}  // namespace
