@@ -118,6 +118,24 @@ TEST(GpuTrain, RemediesLowerTheCudaPeak) {
     EXPECT_LT(cuda_step_peak(accum, 64), 0.8 * base);
 }
 
+// --blocks_to_swap 3 of 4 blocks: their weights, gradients and AdamW moments live in host memory,
+// so the device peak falls by about four times the swapped blocks' weights (checkpointed alike).
+TEST(GpuTrain, BlockSwapLowersTheCudaPeakByTheSwappedBlocks) {
+    SKIP_WITHOUT_CUDA();
+    torch::manual_seed(1);
+    SanaTransformer sizes(config());
+    int64_t block_bytes = 0;
+    for (const auto& p : sizes->blocks().front()->parameters())
+        block_bytes += p.numel() * p.element_size();
+    sf::train::TrainStepOptions ckpt;
+    ckpt.gradient_checkpointing = 1;
+    sf::train::TrainStepOptions swap = ckpt;
+    swap.blocks_to_swap = 3;
+    const int64_t resident = cuda_step_peak(ckpt, 32), swapped = cuda_step_peak(swap, 32);
+    EXPECT_LT(swapped, resident - 2 * 3 * block_bytes)
+        << "resident " << resident << " swapped " << swapped << " block " << block_bytes;
+}
+
 TEST(GpuOffload, TextEncoderLayersOneAtATimeKeepTheDevicePeakBelowTheWeights) {
     SKIP_WITHOUT_CUDA();
     sf::model::Gemma2Config c = sf::model::Gemma2Config::named("gemma-2-tiny");

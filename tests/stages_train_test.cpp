@@ -414,6 +414,68 @@ TEST(TrainState, ACheckpointWriteThatFailsLeavesThePreviousOneChosen) {
     EXPECT_FALSE(std::filesystem::exists(two));  // --checkpoints_total_limit 1, once 4 is whole
 }
 
+// --blocks_to_swap: the swapped blocks' weights stay in host memory and are lent to the device for
+// each run (a real copy on the CPU too). Three steps of two micro-batches end with the very losses
+// and weights of a run without swapping that checkpoints the same block (a swapped block always
+// is); the block is lent twice per micro-batch (its forward and its backward's recompute); its
+// weights stay the host tensors the optimizer updates.
+TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
+    const sf::train::MicroBatch batch = sample_batch(2);
+    const int64_t blocks = small_config().num_layers, swapped = 1;
+    ASSERT_GE(blocks, 2);
+    auto make = [&](int64_t swap, SanaTransformer model) {
+        sf::train::AdamWOptions a;
+        a.lr = 1e-2;
+        sf::train::TrainStepOptions o;
+        o.accumulation = 2;
+        o.max_grad_norm = 1.0;
+        o.blocks_to_swap = swap;
+        o.gradient_checkpointing = swap > 0 ? 0 : blocks;  // block 0 only
+        return std::make_unique<sf::train::TrainStep>(
+            model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-2, 0, 1000), o,
+            c10::Device(c10::kCPU));
+    };
+    auto plain = make(0, seeded_model()), swap = make(swapped, seeded_model());
+    const at::Tensor host = swap->model().blocks().front()->parameters().front();
+    const void* host_data = host.data_ptr();
+    at::Generator g1 = at::detail::createCPUGenerator(4), g2 = at::detail::createCPUGenerator(4);
+    for (int i = 0; i < 3; ++i) {
+        const double a = plain->step([&](int64_t) { return batch; }, g1).loss;
+        const double b = swap->step([&](int64_t) { return batch; }, g2).loss;
+        EXPECT_EQ(a, b) << "step " << i + 1;
+    }
+    const auto p = named(plain->model().module()), q = named(swap->model().module());
+    ASSERT_EQ(p.size(), q.size());
+    for (size_t i = 0; i < p.size(); ++i)
+        EXPECT_TRUE(torch::equal(p[i].second, q[i].second)) << p[i].first;
+    EXPECT_EQ(swap->model().swapped_block_copies(), 3 * 2 * 2 * swapped);
+    EXPECT_EQ(plain->model().swapped_block_copies(), 0);
+    EXPECT_EQ(host.data_ptr(), host_data) << "the update ran on the host weights";
+    EXPECT_FALSE(torch::equal(host, named(*seeded_model()).front().second)) << "and moved them";
+
+    sf::train::TrainStepOptions fused;
+    fused.blocks_to_swap = 1;
+    fused.fused_backward = true;
+    SanaTransformer m = seeded_model();
+    try {
+        sf::train::TrainStep(m.ptr(), named(*m), {}, sf::train::LRSchedule("constant", 1e-3, 0, 10),
+                             fused, c10::Device(c10::kCPU));
+        ADD_FAILURE() << "--blocks_to_swap with --fused_backward_pass was accepted";
+    } catch (const sf::Error& e) {
+        EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("--blocks_to_swap"), std::string::npos) << e.what();
+    }
+    sf::train::TrainStepOptions too_many;
+    too_many.blocks_to_swap = blocks + 1;
+    try {
+        sf::train::TrainStep(m.ptr(), named(*m), {}, sf::train::LRSchedule("constant", 1e-3, 0, 10),
+                             too_many, c10::Device(c10::kCPU));
+        ADD_FAILURE() << "more blocks to swap than blocks";
+    } catch (const sf::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("blocks"), std::string::npos) << e.what();
+    }
+}
+
 TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {
     const at::Tensor signed_map = sf::train::dynamic_map(true);
     const at::Tensor unsigned_map = sf::train::dynamic_map(false);

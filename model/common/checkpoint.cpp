@@ -113,16 +113,23 @@ struct CheckpointState : torch::CustomClassHolder {
     std::vector<bool> requires_grad;  // per defined input, as at the forward
     RngState rng;
     AutocastState autocast;
+    CheckpointScope scope;  // may be empty
 };
+
+std::shared_ptr<void> enter(const CheckpointScope& scope) {
+    return scope ? scope() : std::shared_ptr<void>();
+}
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // `inputs` are fn's defined arguments, `defined` says where they go among all of them.
     // `anchor` is a leaf that requires grad when no input does, so that this node exists and
     // parameters inside fn still get gradients.
-    static at::Tensor forward(AutogradContext* ctx, CheckpointFn fn, std::vector<bool> defined,
-                              at::TensorList inputs, const c10::optional<at::Tensor>& anchor) {
+    static at::Tensor forward(AutogradContext* ctx, CheckpointFn fn, CheckpointScope scope,
+                              std::vector<bool> defined, at::TensorList inputs,
+                              const c10::optional<at::Tensor>& anchor) {
         (void)anchor;
         auto state = c10::make_intrusive<CheckpointState>();
+        state->scope = std::move(scope);
         state->rng = RngState::capture(cuda_devices_of(inputs));
         state->autocast = AutocastState::capture();
         state->defined = std::move(defined);
@@ -131,6 +138,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         {
             // Function::apply already runs forward without grad.
             CastCacheOff no_cache;
+            const auto held = enter(state->scope);
             out = fn(with_undefined(state->defined, inputs));
         }
         if (!out.defined()) {
@@ -142,7 +150,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         return out;
     }
 
-    // One slot per forward argument: fn, defined, each input, the anchor.
+    // One slot per forward argument: fn, scope, defined, each input, the anchor.
     static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
         const auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
             ctx->saved_data.at("state").toCapsule());
@@ -153,6 +161,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         for (size_t i = 0; i < saved.size(); ++i) {
             inputs.push_back(saved[i].detach().requires_grad_(state->requires_grad[i]));
         }
+        const auto held = enter(state->scope);  // until the nested backward is done
         at::Tensor out;
         {
             RngFork rng(state->rng);
@@ -163,7 +172,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         // Nested (reentrant) backward: parameter gradients accumulate where they belong.
         if (out.requires_grad()) torch::autograd::backward({out}, {grad_outputs.at(0)});
 
-        variable_list grads(2);  // fn, defined
+        variable_list grads(3);  // fn, scope, defined
         for (const at::Tensor& t : inputs) {
             grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
         }
@@ -174,10 +183,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs) {
+at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope) {
     if (!fn) throw Error::InvalidArgument("checkpoint: no function given");
     if (!at::GradMode::is_enabled()) {
         // Nothing will be recomputed: run it plainly and keep no state.
+        const auto held = enter(scope);
         const at::Tensor out = fn(inputs.vec());
         if (!out.defined()) {
             throw Error::InvalidArgument("checkpoint: the function returned an undefined tensor");
@@ -194,8 +204,8 @@ at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs) {
         present.begin(), present.end(), [](const at::Tensor& t) { return t.requires_grad(); });
     c10::optional<at::Tensor> anchor;
     if (!any_requires_grad) anchor = at::empty({0}).requires_grad_(true);
-    return CheckpointFunction::apply(std::move(fn), std::move(defined), at::TensorList(present),
-                                     anchor);
+    return CheckpointFunction::apply(std::move(fn), std::move(scope), std::move(defined),
+                                     at::TensorList(present), anchor);
 }
 
 }  // namespace sf::model

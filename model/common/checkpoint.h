@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace sf::model {
@@ -23,6 +24,10 @@ namespace sf::model {
 // A pure function of its inputs and of module parameters (captured, not passed): it is run
 // twice, so it must not change state other than by drawing random numbers.
 using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
+// Called before each run of fn (the forward and the recompute); what it returns is held until
+// the run's results are no longer needed: after the forward, after the recompute's backward.
+// Block swap lends a block's weights to the device this way (model/common/block_swap.h).
+using CheckpointScope = std::function<std::shared_ptr<void>()>;
 
 // Returns fn(inputs). In grad mode the result's backward recomputes fn with grad and returns the
 // gradients of the inputs that require grad; undefined inputs are passed through as undefined.
@@ -30,6 +35,6 @@ using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>& inp
 // front of trained blocks), unlike PyTorch's reentrant form. Nothing is saved outside grad mode.
 // `fn` and the modules it captures must outlive the backward. Not for create_graph (double
 // backward), as upstream's reentrant form.
-at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs);
+at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope = {});
 
 }  // namespace sf::model

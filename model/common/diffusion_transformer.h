@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,12 @@ public:
     // latent frames (a video transformer) at a time, each chunk recomputed in backward; 0: all
     // at once. Negative is sf::Error kInvalidArgument.
     virtual void set_feed_forward_chunk(int64_t size) = 0;
+    // Block swap (model/common/block_swap.h): the weights of the first `n` blocks in host memory,
+    // lent to `device` for each run of the block, which is then always checkpointed; 0 none.
+    // n past the blocks is sf::Error kInvalidArgument.
+    virtual void set_blocks_to_swap(int64_t n, c10::Device device) = 0;
+    // Swapped blocks lent to the device so far (one copy of the block's weights each).
+    virtual int64_t swapped_block_copies() const = 0;
 
     // 4 for [B, C, h, w] latents, 5 for [B, C, f, h, w].
     virtual int64_t latent_rank() const = 0;

@@ -132,19 +132,24 @@ at::Tensor SanaTransformerImpl::forward(const at::Tensor& hidden_states,
     at::Tensor tokens = in.tokens;
     const bool recompute = checkpoint_every_ > 0 && at::GradMode::is_enabled();
     for (size_t i = 0; i < blocks_.size(); ++i) {
-        if (recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+        if ((recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) || swap_.swapped(i)) {
             // The closure holds the block and the grid, not `in`: the backward runs after this
             // frame is gone. The tensors travel as checkpoint inputs, so they are saved.
             const int64_t height = in.height, width = in.width;
             auto block_fn = [block = blocks_[i], height, width](const std::vector<at::Tensor>& t) {
                 return block.ptr()->forward(t[0], t[1], t[2], t[3], height, width);
             };
-            tokens = checkpoint(block_fn, {tokens, in.context, in.context_bias, in.modulation});
+            tokens = checkpoint(block_fn, {tokens, in.context, in.context_bias, in.modulation},
+                                swap_.swapped(i) ? swap_.scope(i) : CheckpointScope());
         } else {
             tokens = run_block(i, tokens, in);
         }
     }
     return unembed(tokens, in);
+}
+
+void SanaTransformerImpl::set_blocks_to_swap(int64_t n, c10::Device device) {
+    swap_.set(blocks(), n, device);
 }
 
 void SanaTransformerImpl::set_gradient_checkpointing(int64_t every) {

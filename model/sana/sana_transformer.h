@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/common/block_swap.h"
 #include "model/common/diffusion_transformer.h"
 #include "model/sana/sana_blocks.h"
 #include "model/sana/sana_config.h"
@@ -68,6 +69,8 @@ public:
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
     // Video transformers only: any value but 0 is sf::Error kInvalidArgument.
     void set_feed_forward_chunk(int64_t rows) override;
+    void set_blocks_to_swap(int64_t n, c10::Device device) override;
+    int64_t swapped_block_copies() const override { return swap_.copies(); }
 
     const SanaTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }
@@ -95,6 +98,7 @@ private:
     SanaTransformerConfig config_;
     std::vector<SanaTransformerBlock> blocks_;  // the same modules as transformer_blocks
     int64_t checkpoint_every_ = 0;
+    BlockSwap swap_;
 };
 TORCH_MODULE(SanaTransformer);
 

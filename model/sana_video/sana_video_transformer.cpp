@@ -193,19 +193,25 @@ at::Tensor SanaVideoTransformerImpl::forward_guided(const at::Tensor& hidden_sta
     at::Tensor tokens = in.tokens;
     const bool recompute = checkpoint_every_ > 0 && at::GradMode::is_enabled();
     for (size_t i = 0; i < blocks_.size(); ++i) {
-        if (recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+        if ((recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) || swap_.swapped(i)) {
             // The closure holds the block and the grid, not `in`: the backward runs after this
             // frame is gone. The tensors travel as checkpoint inputs, so they are saved.
             auto block_fn = [block = blocks_[i], grid = in.grid](const std::vector<at::Tensor>& t) {
                 return block.ptr()->forward(t[0], t[1], t[2], t[3], t[4], t[5], grid);
             };
-            tokens = checkpoint(block_fn, {tokens, in.context, in.context_bias, in.modulation,
-                                           in.rotary_cos, in.rotary_sin});
+            tokens = checkpoint(
+                block_fn,
+                {tokens, in.context, in.context_bias, in.modulation, in.rotary_cos, in.rotary_sin},
+                swap_.swapped(i) ? swap_.scope(i) : CheckpointScope());
         } else {
             tokens = run_block(i, tokens, in);
         }
     }
     return unembed(tokens, in);
+}
+
+void SanaVideoTransformerImpl::set_blocks_to_swap(int64_t n, c10::Device device) {
+    swap_.set(blocks(), n, device);
 }
 
 void SanaVideoTransformerImpl::set_gradient_checkpointing(int64_t every) {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "model/common/block_swap.h"
 #include "model/common/diffusion_transformer.h"
 #include "model/sana_video/sana_video_blocks.h"
 #include "model/sana_video/sana_video_config.h"
@@ -77,6 +78,8 @@ public:
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
     // SanaVideoFeedForwardImpl::chunk_frames of every block; negative is kInvalidArgument.
     void set_feed_forward_chunk(int64_t frames) override;
+    void set_blocks_to_swap(int64_t n, c10::Device device) override;
+    int64_t swapped_block_copies() const override { return swap_.copies(); }
 
     const SanaVideoTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }
@@ -110,6 +113,7 @@ private:
     SanaVideoTransformerConfig config_;
     std::vector<SanaVideoTransformerBlock> blocks_;  // the same modules as transformer_blocks
     int64_t checkpoint_every_ = 0;
+    BlockSwap swap_;
 };
 TORCH_MODULE(SanaVideoTransformer);
 

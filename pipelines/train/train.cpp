@@ -117,6 +117,7 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     s.fused_backward = o.fused_backward_pass;
     s.ff_chunk_size = o.ff_chunk_size;
     s.micro_batch_split = o.micro_batch_split;
+    s.blocks_to_swap = o.blocks_to_swap;
     s.max_grad_norm = o.max_grad_norm;
     s.loss_scaling = o.mixed_precision == "fp16";
     s.flow.flow_shift = o.flow_shift;

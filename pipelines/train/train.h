@@ -34,6 +34,7 @@ struct TrainOptions {
     bool fused_backward_pass = false;
     int64_t ff_chunk_size = 0;  // the feed-forward over k latent rows or frames at a time; 0 off
     int64_t micro_batch_split = 1;  // each micro-batch as this many passes (train_step.h)
+    int64_t blocks_to_swap = 0;     // the first N blocks' weights in host memory (block_swap.h)
     // A step that runs out of memory is run again with the next remedy (stages/train/auto_fit.h)
     // instead of ending the run.
     bool auto_fit = false;

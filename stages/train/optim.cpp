@@ -194,7 +194,10 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> norms;
     for (const auto& p : params) {
-        if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(at::kFloat));
+        if (!p.grad().defined()) continue;
+        // Gathered on the first one's device: block swap keeps some gradients on the host.
+        const c10::Device where = norms.empty() ? p.device() : norms.front().device();
+        norms.push_back(p.grad().norm(2).to(where, at::kFloat));
     }
     if (norms.empty()) return 0.0;
     const double total = at::stack(norms).norm(2).item<double>();
@@ -223,7 +226,8 @@ bool LossScaler::unscale(const std::vector<at::Tensor>& params) const {
         at::Tensor g = p.grad();
         if (!g.defined()) continue;
         if (enabled_) g.mul_(1.0 / scale_);
-        finite.push_back(at::isfinite(g).all());
+        const at::Tensor ok = at::isfinite(g).all();
+        finite.push_back(finite.empty() ? ok : ok.to(finite.front().device()));
     }
     return finite.empty() || at::stack(finite).all().item<bool>();
 }

@@ -56,6 +56,13 @@ void validate(const TrainStepOptions& o) {
             "overflows: use --mixed_precision bf16 (no loss scaling), or drop "
             "--fused_backward_pass");
     }
+    if (o.blocks_to_swap < 0) throw Error::InvalidArgument("--blocks_to_swap must be >= 0");
+    if (o.blocks_to_swap > 0 && o.fused_backward) {
+        throw Error::InvalidArgument(
+            "--blocks_to_swap with --fused_backward_pass: a swapped block's weights are on the "
+            "device only while it runs, so they are updated after the backward pass, not inside "
+            "it; drop one of them");
+    }
     check_flow_matching(o.flow);
     check_chunk_starts(o.chunk_starts);
     if (!(o.i2v_probability >= 0 && o.i2v_probability <= 1)) {
@@ -159,6 +166,7 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
         throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
+    model_->set_blocks_to_swap(options_.blocks_to_swap, device_);
     apply_model_remedies();
     model_->module().train();
     if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
@@ -176,7 +184,8 @@ void TrainStep::adapt(const TrainStepOptions& o) {
     validate(o);
     SF_CHECK(
         o.mixed_precision == options_.mixed_precision && o.accumulation == options_.accumulation &&
-            o.fused_backward == options_.fused_backward && o.loss_scaling == options_.loss_scaling,
+            o.fused_backward == options_.fused_backward &&
+            o.loss_scaling == options_.loss_scaling && o.blocks_to_swap == options_.blocks_to_swap,
         "adapt() changes only the split, checkpointing, attention and feed-forward chunks");
     options_.micro_batch_split = o.micro_batch_split;
     options_.gradient_checkpointing = o.gradient_checkpointing;

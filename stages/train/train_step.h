@@ -52,6 +52,9 @@ struct TrainStepOptions {
     // of the sums) with the activations of a part. What --auto_fit raises first.
     int64_t micro_batch_split = 1;
     bool fused_backward = false;  // update each parameter inside the backward pass
+    // The first N blocks' weights kept in host memory and lent to the device for each run of the
+    // block (model/common/block_swap.h); their update runs where they are kept.
+    int64_t blocks_to_swap = 0;
     double max_grad_norm = 0;     // global-norm clipping; 0 = off
     bool loss_scaling = false;    // dynamic loss scaling (on by default for fp16)
     int64_t mark_steps = 2;       // steps whose phases are marked in the memory log

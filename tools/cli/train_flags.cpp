@@ -52,6 +52,12 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
                     "same samples, noise and gradients with the activations of a part")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
+    cmd->add_option("--blocks_to_swap", o.blocks_to_swap,
+                    "keep the weights of the first N transformer blocks in host memory, each "
+                    "copied to the device for its forward and its backward's recompute (always "
+                    "checkpointed), its gradients back to the host for the update")
+        ->check(integer_in(0, 1'000'000))
+        ->capture_default_str();
     cmd->add_flag("--auto_fit", o.auto_fit,
                   "when a step runs out of memory, run it again on the same samples with the next "
                   "remedy (a doubled --micro_batch_split, then checkpointing, chunked attention, "
