@@ -476,6 +476,42 @@ TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
     }
 }
 
+// --offload_optimizer: the moments live in host memory and the update runs on host copies of the
+// weights and gradients (real copies on the CPU too): five steps, in fp32 and in 8 bits, end
+// with the very weights and state of the resident optimizer, with three copies per update.
+TEST(OffloadOptimizer, UpdatesOnTheHostBitIdenticallyWithThreeCopiesPerUpdate) {
+    const sf::train::MicroBatch batch = sample_batch(2);
+    for (bool eight_bit : {false, true}) {
+        auto make = [&](bool offload, SanaTransformer model) {
+            sf::train::AdamWOptions a;
+            a.lr = 1e-2;
+            a.eight_bit = eight_bit;
+            a.offload = offload;
+            return std::make_unique<sf::train::TrainStep>(
+                model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-2, 0, 1000),
+                sf::train::TrainStepOptions{}, c10::Device(c10::kCPU));
+        };
+        auto resident = make(false, seeded_model()), offloaded = make(true, seeded_model());
+        at::Generator g1 = at::detail::createCPUGenerator(2);
+        at::Generator g2 = at::detail::createCPUGenerator(2);
+        for (int i = 0; i < 5; ++i) {
+            resident->step([&](int64_t) { return batch; }, g1);
+            offloaded->step([&](int64_t) { return batch; }, g2);
+        }
+        const auto p = named(resident->model().module()), q = named(offloaded->model().module());
+        for (size_t i = 0; i < p.size(); ++i)
+            EXPECT_TRUE(torch::equal(p[i].second, q[i].second)) << p[i].first;
+        const auto a = resident->optimizer().state(), b = offloaded->optimizer().state();
+        ASSERT_EQ(a.size(), b.size());
+        for (const auto& [name, t] : a) {
+            EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+            EXPECT_TRUE(b.at(name).device().is_cpu()) << name;
+        }
+        EXPECT_EQ(offloaded->optimizer().offload_copies(), 5 * 3 * static_cast<int64_t>(p.size()));
+        EXPECT_EQ(resident->optimizer().offload_copies(), 0);
+    }
+}
+
 TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {
     const at::Tensor signed_map = sf::train::dynamic_map(true);
     const at::Tensor unsigned_map = sf::train::dynamic_map(false);

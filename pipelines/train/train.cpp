@@ -459,6 +459,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     adamw.beta2 = o.adam_beta2;
     adamw.eps = o.adam_epsilon;
     adamw.eight_bit = o.optimizer == "adamw8bit";
+    adamw.offload = o.offload_optimizer;
     train::TrainStep trainer(transformer, trainable, adamw,
                              train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
                                                o.max_train_steps, o.lr_num_cycles, o.lr_power),

@@ -50,8 +50,9 @@ struct TrainOptions {
         "adamw";  // or "adamw8bit": the moments in 8 bits (stages/train/optim.h)
     int64_t train_batch_size = 4;
     int64_t gradient_accumulation_steps = 1;
-    int64_t max_train_steps = 0;   // 0: num_train_epochs over the cache
-    int64_t num_train_epochs = 1;  // when max_train_steps is 0
+    bool offload_optimizer = false;  // AdamW's moments in host memory, the update run there
+    int64_t max_train_steps = 0;     // 0: num_train_epochs over the cache
+    int64_t num_train_epochs = 1;    // when max_train_steps is 0
     double learning_rate = 1e-4;
     bool scale_lr = false;  // learning_rate x batch x accumulation (x ranks), as upstream
     std::string lr_scheduler = "constant";

@@ -36,9 +36,14 @@ void AdamW::step(double lr) {
 // torch::optim::AdamW::step (LibTorch 1.13) for one parameter, in the same order of operations.
 void AdamW::step_one(size_t index, double lr) {
     at::NoGradGuard no_grad;
-    at::Tensor& p = params_[index].second;
-    const at::Tensor grad = p.grad();
-    if (!grad.defined()) return;
+    at::Tensor& param = params_[index].second;
+    if (!param.grad().defined()) return;
+    // Offloaded, the arithmetic below runs on host copies; the weights go back after it.
+    const c10::Device host(c10::kCPU);
+    at::Tensor p = options_.offload ? param.detach().to(host, false, /*copy=*/true) : param;
+    const at::Tensor grad =
+        options_.offload ? param.grad().to(host, false, /*copy=*/true) : param.grad();
+    if (options_.offload) offload_copies_ += 2;
     Moments& m = moments_[index];
     if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
     const bool eight_bit = options_.eight_bit && p.numel() >= kMin8BitSize;
@@ -64,6 +69,10 @@ void AdamW::step_one(size_t index, double lr) {
         m.avg8 = BlockQuantized::quantize(m.exp_avg, /*is_signed=*/true);
         m.avg_sq8 = BlockQuantized::quantize(m.exp_avg_sq, /*is_signed=*/false);
         m.exp_avg = m.exp_avg_sq = at::Tensor();
+    }
+    if (options_.offload) {
+        param.detach().copy_(p);
+        ++offload_copies_;
     }
 }
 
@@ -105,6 +114,8 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
         }
         Moments m;
         m.step = step->second.item<int64_t>();
+        // Where the moments live: beside the weights, or in host memory when offloaded.
+        const c10::Device home = options_.offload ? c10::Device(c10::kCPU) : p.device();
         if (options_.eight_bit && p.numel() >= kMin8BitSize) {
             const int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
             for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
@@ -121,8 +132,8 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
                 const bool first = std::string(which) == ".exp_avg";
                 BlockQuantized& q = first ? m.avg8 : m.avg_sq8;
                 q.is_signed = first;
-                q.codes = codes->second.to(p.device()).reshape({-1}).clone();
-                q.absmax = absmax->second.to(p.device(), at::kFloat).reshape({-1}).clone();
+                q.codes = codes->second.to(home).reshape({-1}).clone();
+                q.absmax = absmax->second.to(home, at::kFloat).reshape({-1}).clone();
             }
             moments_[i] = std::move(m);
             continue;
@@ -133,7 +144,7 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
                 throw Error::InvalidArgument(fmt::format(
                     "optimizer state: {}{} is missing or has the wrong shape", name, which));
             }
-            at::Tensor t = it->second.to(p.options()).clone();
+            at::Tensor t = it->second.to(p.options().device(home)).clone();
             (std::string(which) == ".exp_avg" ? m.exp_avg : m.exp_avg_sq) = t;
         }
         moments_[i] = std::move(m);

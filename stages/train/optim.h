@@ -27,6 +27,10 @@ struct AdamWOptions {
     // The moments in 8 bits, blockwise (quantized_state.h; --optimizer adamw8bit): a quarter of
     // the memory. Each update reads them back to fp32 for one parameter at a time.
     bool eight_bit = false;
+    // --offload_optimizer: the moments in host memory and the update run there: each parameter's
+    // gradient and weights copied to the host, updated beside the moments, the weights copied
+    // back (real copies on the CPU too, so that path is the one CUDA takes).
+    bool offload = false;
 };
 
 class AdamW {
@@ -45,6 +49,8 @@ public:
     const std::string& name(size_t index) const { return params_[index].first; }
     const at::Tensor& param(size_t index) const { return params_[index].second; }
     const AdamWOptions& options() const { return options_; }
+    // Tensors copied between the device and the host by --offload_optimizer so far.
+    int64_t offload_copies() const { return offload_copies_; }
 
     // State by name: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (a 0-d int64); in
     // 8 bits "<param>.exp_avg.codes" (uint8) and "<param>.exp_avg.absmax" (fp32), likewise for
@@ -62,6 +68,7 @@ private:
     std::vector<std::pair<std::string, at::Tensor>> params_;
     std::vector<Moments> moments_;
     AdamWOptions options_;
+    int64_t offload_copies_ = 0;
 };
 
 // diffusers' get_scheduler: "constant", "constant_with_warmup", "linear", "cosine" (half a cosine

@@ -75,6 +75,9 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
 
 // Batches, steps, the learning-rate schedule and AdamW.
 void add_optimizer_flags(CLI::App* cmd, TrainOptions& o) {
+    cmd->add_flag("--offload_optimizer", o.offload_optimizer,
+                  "keep AdamW's moments in host memory and run the update there (each weight and "
+                  "gradient copied over and the weight back): the device holds no optimizer state");
     cmd->add_option("--train_batch_size", o.train_batch_size,
                     "samples per micro-batch (one bucket)")
         ->check(integer_in(1, 1'000'000))
