@@ -91,20 +91,25 @@ TrainOptions relieved(TrainOptions o, size_t n) {
     return o;
 }
 
+// Runs `o` as given and with --micro_batch_split 2 (in out/whole and out/split) and returns
+// their step peaks.
+std::pair<int64_t, int64_t> whole_and_split_peaks(TrainOptions o, const TempDir& out) {
+    o.output_dir = out.file("whole");
+    sf::pipelines::run_train(o);
+    o.output_dir = out.file("split");
+    o.micro_batch_split = 2;
+    sf::pipelines::run_train(o);
+    return {step_peak(out.file("whole")), step_peak(out.file("split"))};
+}
+
 // Under a byte budget that the first step does not fit at micro-batch 4, the run (its plan off:
 // no --memory_budget, the budget set around it) splits the micro-batch and goes on; it ends with
 // the very weights of a run started with --micro_batch_split 2, and without --auto_fit the same
 // budget stops the run naming the phase.
 TEST(TrainAutoFit, RecoversFromOutOfMemoryAsIfStartedAdapted) {
     TempDir out("sf_train_auto_fit");
-    auto o = auto_fit_options(out.file("whole"));
-    sf::pipelines::run_train(o);
-    const int64_t whole_peak = step_peak(o.output_dir);
-    auto split = o;
-    split.output_dir = out.file("split");
-    split.micro_batch_split = 2;
-    sf::pipelines::run_train(split);
-    const int64_t split_peak = step_peak(split.output_dir);
+    const auto o = auto_fit_options(out.file("whole"));
+    const auto [whole_peak, split_peak] = whole_and_split_peaks(o, out);
     ASSERT_LT(split_peak, whole_peak);
     const int64_t budget = (whole_peak + split_peak) / 2;
 
@@ -119,8 +124,8 @@ TEST(TrainAutoFit, RecoversFromOutOfMemoryAsIfStartedAdapted) {
     EXPECT_TRUE(report.planned_changes.empty());
     EXPECT_EQ(report.out_of_memory_changes.size(), 1u);
     EXPECT_EQ(sf::test::read_file(fitted.output_dir + kWeights),
-              sf::test::read_file(split.output_dir + kWeights));
-    EXPECT_EQ(losses_in(fitted.output_dir), losses_in(split.output_dir));
+              sf::test::read_file(out.file("split") + kWeights));
+    EXPECT_EQ(losses_in(fitted.output_dir), losses_in(out.file("split")));
 
     auto plain = o;
     plain.output_dir = out.file("plain");
@@ -139,14 +144,9 @@ TEST(TrainAutoFit, RecoversFromOutOfMemoryAsIfStartedAdapted) {
 // those remedies under the same budget.
 TEST(TrainAutoFit, PlansBeforeTheFirstStepAndEndsAsARunStartedThatWay) {
     TempDir out("sf_train_auto_fit_plan");
-    auto o = auto_fit_options(out.file("whole"));
-    sf::pipelines::run_train(o);
-    const int64_t whole_peak = step_peak(o.output_dir);
-    auto split = o;
-    split.output_dir = out.file("split");
-    split.micro_batch_split = 2;
-    sf::pipelines::run_train(split);
-    const int64_t budget = (whole_peak + step_peak(split.output_dir)) / 2;
+    const auto o = auto_fit_options(out.file("whole"));
+    const auto [whole_peak, split_peak] = whole_and_split_peaks(o, out);
+    const int64_t budget = (whole_peak + split_peak) / 2;
 
     auto fitted = o;
     fitted.output_dir = out.file("fitted");

@@ -12,6 +12,7 @@
 #include "stages/plan/calibration.h"
 #include "stages/plan/memory_model.h"
 #include "stages/plan/remedy_search.h"
+#include "stages/plan/start_plan.h"
 #include "stages/plan/step_probe.h"
 
 namespace sf::plan {
@@ -92,21 +93,6 @@ TEST(PlanCensus, CountsWhatTheBuiltModelHoldsFullAndLoRA) {
     EXPECT_EQ(count_parameters(s).total, model::sana_parameter_count(s.config));
 }
 
-// The step a prediction is measured against: TrainStep's own, as the ablation runs it.
-train::TrainStepOptions options_of(const PlanRemedies& r) {
-    train::TrainStepOptions o;
-    o.mark_steps = 0;
-    o.mixed_precision = r.mixed_precision;
-    o.gradient_checkpointing = r.gradient_checkpointing;
-    o.attention = r.attention;
-    o.attention_chunk = r.attention_chunk;
-    o.ff_chunk_size = r.ff_chunk_size;
-    o.accumulation = r.accumulation;
-    o.fused_backward = r.fused_backward;
-    o.max_grad_norm = r.fused_backward ? 0 : 1.0;
-    return o;
-}
-
 int64_t measured_peak(const PlanShape& s, const PlanRemedies& r) {
     torch::manual_seed(0);
     model::SanaTransformer t(s.config);
@@ -115,7 +101,7 @@ int64_t measured_peak(const PlanShape& s, const PlanRemedies& r) {
     in.caption_tokens = s.caption_tokens;
     in.caption_channels = s.config.caption_channels;
     in.steps = 1;
-    return probe_step(t.ptr(), in, options_of(r), torch::kCPU).peak_tensor_bytes;
+    return probe_step(t.ptr(), in, sf::plan::step_options_of(r), torch::kCPU).peak_tensor_bytes;
 }
 
 // Wider (128), with more tokens (768) and caption tokens (64) than any calibration point.

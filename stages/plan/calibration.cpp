@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
+#include "stages/plan/start_plan.h"
 #include "stages/plan/step_probe.h"
 #include "storage/atomic_file.h"
 
@@ -200,20 +201,6 @@ std::vector<Point> points_like(const model::SanaTransformerConfig& base, const P
     return out;
 }
 
-train::TrainStepOptions step_options(const PlanRemedies& r) {
-    train::TrainStepOptions o;
-    o.mark_steps = 0;
-    o.mixed_precision = r.mixed_precision;
-    o.gradient_checkpointing = r.gradient_checkpointing;
-    o.attention = r.attention;
-    o.attention_chunk = r.attention_chunk;
-    o.ff_chunk_size = r.ff_chunk_size;
-    o.accumulation = r.accumulation;
-    o.fused_backward = r.fused_backward;
-    o.max_grad_norm = r.fused_backward ? 0.0 : 1.0;
-    return o;
-}
-
 }  // namespace
 
 void calibrate(Calibration& into, const model::SanaTransformerConfig& base, const PlanRemedies& r,
@@ -251,7 +238,7 @@ void calibrate(Calibration& into, const model::SanaTransformerConfig& base, cons
         in.caption_channels = p.shape.config.caption_channels;
         in.steps = 1;
         in.adamw.eight_bit = r.optimizer == "adamw8bit";
-        const ProbeResult result = probe_step(m, in, step_options(p.remedies), device);
+        const ProbeResult result = probe_step(m, in, step_options_of(p.remedies), device);
         const std::vector<double> x = step_features(p.shape, p.remedies, census);
         const int64_t fixed = census.total * 4 + census.state_bytes(r.optimizer);
         for (const auto& [phase, peak] : result.phases) {

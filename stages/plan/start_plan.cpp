@@ -18,6 +18,21 @@ PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& op
     return r;
 }
 
+train::TrainStepOptions step_options_of(const PlanRemedies& r) {
+    train::TrainStepOptions o;
+    o.mark_steps = 0;
+    o.mixed_precision = r.mixed_precision;
+    o.gradient_checkpointing = r.gradient_checkpointing;
+    o.attention = r.attention;
+    o.attention_chunk = r.attention_chunk;
+    o.ff_chunk_size = r.ff_chunk_size;
+    o.accumulation = r.accumulation;
+    o.micro_batch_split = r.micro_batch_split;
+    o.fused_backward = r.fused_backward;
+    o.max_grad_norm = r.fused_backward ? 0.0 : 1.0;
+    return o;
+}
+
 StartPlan plan_start(const PlanShape& shape, int64_t micro_batch, train::TrainStepOptions o,
                      const std::string& optimizer, int64_t budget, CalibrationStore& store) {
     const bool lora = shape.lora_rank > 0;

@@ -26,8 +26,10 @@ struct StartPlan {
     bool fits = false;                 // predicted.peak x kStartMargin <= the budget
 };
 
-// The remedies of a trainer's options (as PlanRemedies counts them).
+// The remedies of a trainer's options (as PlanRemedies counts them), and the trainer's options of
+// remedies (global-norm clipping on, as the trainer's default, unless the pass is fused).
 PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer);
+train::TrainStepOptions step_options_of(const PlanRemedies& r);
 
 // `shape.batch` is the effective batch (micro-batch x accumulation); `micro_batch` what
 // train::relieve() splits.

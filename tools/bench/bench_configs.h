@@ -1,7 +1,12 @@
-// The transformer the memory benchmarks run (memory_ablation, plan_accuracy): 4 blocks of width
-// 512 with the real block structure of sana-600m (heads of 32, Mix-FFN 2.5x, 2304-wide captions,
-// 32-channel latents).
+// What the memory benchmarks (memory_ablation, plan_accuracy) share: the transformer they run, 4
+// blocks of width 512 with the real block structure of sana-600m (heads of 32, Mix-FFN 2.5x,
+// 2304-wide captions, 32-channel latents), its feed-forward chunk, and their list flags.
 #pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "model/sana/sana_config.h"
 
@@ -20,5 +25,14 @@ inline model::SanaTransformerConfig ablation_config() {
 
 // The image variants' feed-forward chunk: 8 latent rows (of 32 to 128 at the default grids).
 constexpr int64_t kImageFFRows = 8;
+
+// "32,64,128" -> {32, 64, 128}; std::invalid_argument for an item that is no number.
+inline std::vector<int64_t> parse_list(const std::string& s) {
+    std::vector<int64_t> out;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
+    return out;
+}
 
 }  // namespace sf::bench

@@ -383,14 +383,6 @@ int run_table(const Args& a) {
     return 0;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-    std::vector<int64_t> out;
-    std::stringstream in(s);
-    std::string item;
-    while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
-    return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -408,7 +400,7 @@ int main(int argc, char** argv) {
         if (flag == "--config")
             a.config = value();
         else if (flag == "--grids") {
-            a.grids = parse_list(value());
+            a.grids = sf::bench::parse_list(value());
             grids_given = true;
         } else if (flag == "--batch") {
             a.batch = std::stoll(value());

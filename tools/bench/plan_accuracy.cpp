@@ -95,14 +95,6 @@ int64_t measure(const Row& row, const std::string& device) {
     return 0;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-    std::vector<int64_t> out;
-    std::stringstream in(s);
-    std::string item;
-    while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
-    return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,7 +109,7 @@ int main(int argc, char** argv) {
         }
         const std::string value = argv[++i];
         if (flag == "--grids") {
-            grids = parse_list(value);
+            grids = sf::bench::parse_list(value);
         } else if (flag == "--batch") {
             batch = std::stoll(value);
         } else if (flag == "--caption_len") {
