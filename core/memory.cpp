@@ -285,6 +285,7 @@ int64_t cpu_budget() { return g_budget.load(); }
 
 Stats cuda_stats(int device) { return compat::cuda_allocator_stats(device); }
 bool cuda_available() { return compat::cuda_is_available(); }
+int64_t cuda_free_bytes(int device) { return compat::cuda_free_bytes(device); }
 void cuda_empty_cache() { compat::cuda_empty_cache(); }
 
 int64_t cpu_pooled_bytes() { return pool().pooled(); }

@@ -72,6 +72,9 @@ int64_t release_memory(const std::string& where);
 // CUDA caching-allocator statistics for `device`; zeros when built without CUDA or no GPU.
 Stats cuda_stats(int device = 0);
 bool cuda_available();
+// The memory `device` could still give (driver free + the caching allocator's unallocated
+// blocks); 0 without CUDA.
+int64_t cuda_free_bytes(int device = 0);
 // Returns cached blocks to the driver. A no-op without CUDA.
 void cuda_empty_cache();
 

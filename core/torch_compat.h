@@ -16,6 +16,7 @@
 #include <c10/core/Allocator.h>
 #include <torch/csrc/api/include/torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -138,6 +139,26 @@ inline mem::Stats cuda_allocator_stats(int device) {
 #else
     (void)device;
     return {};
+#endif
+}
+
+// What the device could still give: the driver's free memory plus what the caching allocator
+// holds unallocated. 0 when built without CUDA or no GPU.
+inline int64_t cuda_free_bytes(int device) {
+#if defined(SANAFLOW_WITH_CUDA)
+    if (!cuda_is_available()) return 0;
+    const int previous = c10::cuda::current_device();
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+    size_t free = 0, total = 0;
+    const cudaError_t status = cudaMemGetInfo(&free, &total);
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(previous));
+    if (status != cudaSuccess) return 0;
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+    return static_cast<int64_t>(free) + std::max<int64_t>(0, cached);
+#else
+    (void)device;
+    return 0;
 #endif
 }
 

@@ -13,6 +13,7 @@
 #include "core/device_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "stages/plan/calibration.h"
 #include "stages/plan/remedy_search.h"
 
@@ -98,11 +99,17 @@ PlanReport run_plan(const PlanOptions& o) {
                        given_flags.empty() ? "no remedies" : given_flags, format_bytes(given.peak),
                        given.peak_phase);
     out += plan::footprint_table(given);
-    if (o.memory_budget.empty()) {
+    // No budget given: on CUDA what the card has free, else no search.
+    const int64_t free =
+        device.is_cuda() ? mem::cuda_free_bytes(std::max<int>(0, device.index())) : 0;
+    if (o.memory_budget.empty() && free <= 0) {
         store.save();
         return report;
     }
-    const int64_t budget = parse_bytes(o.memory_budget, "--memory_budget");
+    const int64_t budget =
+        o.memory_budget.empty() ? free : parse_bytes(o.memory_budget, "--memory_budget");
+    if (o.memory_budget.empty())
+        out += fmt::format("\n{} has {} free\n", device.str(), format_bytes(free));
     const std::set<std::string> vary(o.search.begin(), o.search.end());
     const plan::SearchResult found = plan::search_remedies(shape, o.remedies, vary, budget, store);
     store.save();

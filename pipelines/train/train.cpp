@@ -441,7 +441,11 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     const auto transformer = training::build_transformer(o, set, source);
     train::TrainStepOptions start = step_options(o);
     std::vector<std::string> planned;
-    if (const int64_t budget = memory_budget(o); o.auto_fit && budget > 0) {
+    // --auto_fit plans for --memory_budget, or on CUDA for what the card has free.
+    int64_t budget = memory_budget(o);
+    if (budget == 0 && o.auto_fit && device.is_cuda())
+        budget = mem::cuda_free_bytes(std::max<int>(0, device.index()));
+    if (o.auto_fit && budget > 0) {
         start = training::plan_start_of_run(o, set, *transformer, start, budget, device, planned);
     }
     transformer->module().to(device);

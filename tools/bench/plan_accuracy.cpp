@@ -4,6 +4,7 @@
 // CPU; the CUDA allocator's on a GPU), each measured by memory_ablation in a process of its own.
 //
 //   plan_accuracy [--grids 32,64,128] [--batch 4] [--caption_len 300] [--device cpu|cuda]
+//                 [--variants baseline,all,...] [--points 48]
 //
 // The planner is calibrated here first, on tiny configurations only (stages/plan/calibration.h);
 // the ablation's model is never part of its fit. The last line is
@@ -101,6 +102,11 @@ int main(int argc, char** argv) {
     std::vector<int64_t> grids = {32, 64, 128};
     int64_t batch = 4, caption_len = 300;
     std::string device_name = "cpu";
+    std::vector<std::string> variants = {
+        "baseline",          "mixed_precision", "gradient_checkpointing", "accumulation",
+        "chunked_attention", "chunked_ff",      "fused_backward",         "all"};
+    bool other_shapes = true;  // off when --variants names a subset
+    int64_t points = 48;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
         if (i + 1 >= argc) {
@@ -116,10 +122,17 @@ int main(int argc, char** argv) {
             caption_len = std::stoll(value);
         } else if (flag == "--device") {
             device_name = value;
+        } else if (flag == "--variants") {
+            variants.clear();
+            std::stringstream in(value);
+            for (std::string v; std::getline(in, v, ',');) variants.push_back(v);
+            other_shapes = false;
+        } else if (flag == "--points") {
+            points = std::stoll(value);
         } else {
             std::fprintf(stderr,
                          "plan_accuracy: unknown flag %s (flags: --grids --batch --caption_len "
-                         "--device)\n",
+                         "--device --variants --points)\n",
                          flag.c_str());
             return 2;
         }
@@ -129,15 +142,14 @@ int main(int argc, char** argv) {
     const c10::Device device = sf::resolve_device(device_name);
 
     std::vector<Row> rows;
-    const std::vector<std::string> variants = {
-        "baseline",          "mixed_precision", "gradient_checkpointing", "accumulation",
-        "chunked_attention", "chunked_ff",      "fused_backward",         "all"};
     for (int64_t g : grids) {
         for (const auto& v : variants) rows.push_back({v, g, batch, caption_len});
     }
-    // Two shapes the ablation does not run: another batch and caption length, each end.
-    rows.push_back({"all", 48, 2, 120});
-    rows.push_back({"baseline", 40, 3, 77});
+    if (other_shapes) {
+        // Two shapes the ablation does not run: another batch and caption length, each end.
+        rows.push_back({"all", 48, 2, 120});
+        rows.push_back({"baseline", 40, 3, 77});
+    }
 
     sf::plan::Calibration cal;
     const sf::model::SanaTransformerConfig config = sf::bench::ablation_config();
@@ -159,7 +171,7 @@ int main(int argc, char** argv) {
         }
         const sf::plan::PlanRemedies r = remedies_of(row.variant, row.batch);
         const std::string key = sf::plan::calibration_key(config, r, false);
-        if (!cal.keys.count(key)) sf::plan::calibrate(cal, config, r, false, device);
+        if (!cal.keys.count(key)) sf::plan::calibrate(cal, config, r, false, device, points);
         sf::plan::PlanShape shape;
         shape.config = config;
         shape.latent_height = shape.latent_width = row.grid;

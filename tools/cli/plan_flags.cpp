@@ -62,7 +62,8 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
         ->capture_default_str();
     cmd->add_option("--memory_budget", o.memory_budget,
                     "search the remedies that fit this much (24GiB, 16GB, 800MiB): the cheapest "
-                    "first, and the train command line of the best");
+                    "first, and the train command line of the best (default with --device cuda: "
+                    "what the card has free)");
     cmd->add_option("--device", o.device, "where to calibrate: cpu, cuda or cuda:N")
         ->capture_default_str();
     cmd->add_option(
