@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "stages/plan/calibration.h"
 #include "stages/plan/memory_model.h"
 
 namespace sf::pipelines {
@@ -21,13 +22,13 @@ struct PlanOptions {
     int64_t max_sequence_length = 300;
     int64_t rank = 4;  // LoRA rank; 0: full fine-tune
     std::vector<std::string> lora_target_modules = {"to_q", "to_k", "to_v"};
-    plan::PlanRemedies remedies;      // the flags given: the table's row
-    std::string memory_budget;        // "24GiB", "500MB", bytes; empty: no search
-    std::string device = "cpu";       // calibrated here; "cuda" also reads the free memory
-    std::string calibration_file;     // read when it matches, written after calibrating; "": the
-                                      // default (plan::default_calibration_file)
-    bool calibrate = false;           // measure again even when the file has it
-    int64_t calibration_points = 48;  // measured tiny steps per remedy key
+    plan::PlanRemedies remedies;   // the flags given: the table's row
+    std::string memory_budget;     // "24GiB", "500MB", bytes; empty: no search
+    std::string device = "cpu";    // calibrated here; "cuda" also reads the free memory
+    std::string calibration_file;  // read when it matches, written after calibrating; "": the
+                                   // default (plan::default_calibration_file)
+    bool calibrate = false;        // measure again even when the file has it
+    int64_t calibration_points = plan::kCalibrationPoints;  // tiny steps per remedy key
     // The remedies the search may vary (plan::searchable_remedies()); the others stay as given.
     std::vector<std::string> search = {
         "mixed_precision", "gradient_checkpointing", "accumulation", "attention",

@@ -53,6 +53,7 @@ TrainOptions auto_fit_options(const std::string& out) {
     o.checkpointing_steps = 0;
     o.log_every = 1000;
     o.plan_calibration = calibration_file();
+    o.plan_calibration_points = 48;  // half the default: enough for the tiny model, twice as fast
     return o;
 }
 

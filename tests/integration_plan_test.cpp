@@ -17,11 +17,12 @@ using sf::test::TempDir;
 // that fit (the 8-bit moments and the fused backward pass), and refuses 12 GiB.
 TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
     TempDir tmp("sf_plan_cli");
-    const std::string plan = kSanaflow +
-                             " plan --model sana-1600m --resolution 1024 --full_finetune "
-                             "--train_batch_size 1 --mixed_precision bf16 --gradient_checkpointing "
-                             "--search optimizer,fused_backward --calibration " +
-                             tmp.file("calibration.json");
+    const std::string plan =
+        kSanaflow +
+        " plan --model sana-1600m --resolution 1024 --full_finetune "
+        "--train_batch_size 1 --mixed_precision bf16 --gradient_checkpointing "
+        "--search optimizer,fused_backward --calibration_points 48 --calibration " +
+        tmp.file("calibration.json");
     const auto fits = sf::test::run_command(plan + " --memory_budget 24GiB");
     ASSERT_EQ(fits.exit_code, 0) << fits.output;
     EXPECT_NE(fits.output.find("1604462752 parameters"), std::string::npos) << fits.output;

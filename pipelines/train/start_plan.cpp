@@ -39,7 +39,7 @@ train::TrainStepOptions plan_start_of_run(const TrainOptions& o, const train::Tr
 
     const std::string file =
         o.plan_calibration.empty() ? plan::default_calibration_file(device) : o.plan_calibration;
-    plan::CalibrationStore store(device, file);
+    plan::CalibrationStore store(device, file, /*recalibrate=*/false, o.plan_calibration_points);
     // The calibration's own tiny steps are not the run's: the byte budget waits for the run.
     const mem::BudgetGuard no_budget(0);
     const plan::StartPlan p =

@@ -44,6 +44,7 @@ struct TrainOptions {
     std::string memory_budget;
     // The plan's calibration file; "": plan::default_calibration_file.
     std::string plan_calibration;
+    int64_t plan_calibration_points = 96;  // plan::kCalibrationPoints: tiny steps per key
 
     // Optimisation.
     std::string optimizer =

@@ -18,6 +18,11 @@
 
 namespace sf::plan {
 
+// Tiny steps measured per remedy key. 48 fitted the ablation's rows within 13.3%, 96 the rows
+// where 48 did worst (the chunked feed-forward at 1024 px, all remedies at 4096 px) within 2.7%
+// (tools/bench/plan_accuracy --points).
+constexpr int64_t kCalibrationPoints = 96;
+
 struct Calibration {
     std::string device;  // "cpu", "cuda:0": the device it was measured on
     // key (PlanRemedies::key + the configuration's structure) -> phase -> coefficients
@@ -44,7 +49,7 @@ std::string calibration_key(const model::SanaTransformerConfig& config, const Pl
 // (its structural switches: patch size, position embedding, biases) on `device`, fits each
 // phase and stores the result under calibration_key() in `into`. Progress goes to the log.
 void calibrate(Calibration& into, const model::SanaTransformerConfig& base, const PlanRemedies& r,
-               bool lora, c10::Device device, int64_t points = 48);
+               bool lora, c10::Device device, int64_t points = kCalibrationPoints);
 
 // One phase's model: the highest of two planes (k-plane regression: each point to the plane
 // that predicts it higher, each plane refitted on its points, until the split settles; started
@@ -69,7 +74,7 @@ std::string default_calibration_file(c10::Device device);
 class CalibrationStore {
 public:
     CalibrationStore(c10::Device device, std::string file = "", bool recalibrate = false,
-                     int64_t points = 48);
+                     int64_t points = kCalibrationPoints);
     // The fitted phases of `r` on configurations like `c`.
     PhaseModels phases(const model::SanaTransformerConfig& c, const PlanRemedies& r, bool lora);
     // r's step time over no remedies' on the calibration's points (their median ratio).

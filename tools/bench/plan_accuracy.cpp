@@ -4,7 +4,7 @@
 // CPU; the CUDA allocator's on a GPU), each measured by memory_ablation in a process of its own.
 //
 //   plan_accuracy [--grids 32,64,128] [--batch 4] [--caption_len 300] [--device cpu|cuda]
-//                 [--variants baseline,all,...] [--points 48]
+//                 [--variants baseline,all,...] [--points 96]
 //
 // The planner is calibrated here first, on tiny configurations only (stages/plan/calibration.h);
 // the ablation's model is never part of its fit. The last line is
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
         "baseline",          "mixed_precision", "gradient_checkpointing", "accumulation",
         "chunked_attention", "chunked_ff",      "fused_backward",         "all"};
     bool other_shapes = true;  // off when --variants names a subset
-    int64_t points = 48;
+    int64_t points = sf::plan::kCalibrationPoints;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
         if (i + 1 >= argc) {

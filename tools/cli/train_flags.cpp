@@ -71,6 +71,10 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     cmd->add_option("--plan_calibration", o.plan_calibration,
                     "the calibration file of --auto_fit's plan (default: "
                     "~/.cache/sanaflow/plan-calibration-DEVICE.json, measured once per device)");
+    cmd->add_option("--plan_calibration_points", o.plan_calibration_points,
+                    "tiny measured steps per remedy combination of that calibration")
+        ->check(integer_in(8, 100'000))
+        ->capture_default_str();
 }
 
 // Batches, steps, the learning-rate schedule and AdamW.
