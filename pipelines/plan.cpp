@@ -74,6 +74,15 @@ PlanReport run_plan(const PlanOptions& o) {
     if (o.remedies.accumulation < 1)
         throw Error::InvalidArgument("--gradient_accumulation_steps must be >= 1");
     const plan::PlanShape shape = resolve_shape(o);
+    if (o.remedies.blocks_to_swap > shape.config.num_layers) {
+        throw Error::InvalidArgument(
+            fmt::format("--blocks_to_swap {}: the transformer has {} blocks",
+                        o.remedies.blocks_to_swap, shape.config.num_layers));
+    }
+    if (o.remedies.blocks_to_swap > 0 && o.remedies.fused_backward) {
+        throw Error::InvalidArgument(
+            "--blocks_to_swap with --fused_backward_pass: the trainer refuses the two together");
+    }
     const c10::Device device = resolve_device(o.device);
     const bool lora = o.rank > 0;
     const std::string file =
@@ -122,15 +131,19 @@ PlanReport run_plan(const PlanOptions& o) {
             "budget\n";
         return report;
     }
-    out += fmt::format("  {:>12} {:>9}  {}\n", "peak", "time",
+    out += fmt::format("  {:>12} {:>12} {:>9}  {}\n", "peak", "host", "time",
                        "flags (micro-batch x accumulation: the same effective batch)");
     for (size_t i = 0; i < found.fitting.size() && static_cast<int64_t>(i) < o.top; ++i) {
         const plan::Candidate& c = found.fitting[i];
-        out += fmt::format("  {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
-                           format_bytes(c.footprint.peak), c.cost,
+        out += fmt::format("  {:>12} {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
+                           format_bytes(c.footprint.peak),
+                           c.footprint.host > 0 ? format_bytes(c.footprint.host) : "-", c.cost,
                            shape.batch / c.remedies.accumulation, c.remedies.flags());
     }
-    out += "time: the step time over no remedies', measured on the calibration's steps\n";
+    out +=
+        "time: the step time over no remedies', measured on the calibration's steps; host: what "
+        "block swap and optimizer offload keep in host memory (their copies are not in the time, "
+        "so these rows come last)\n";
     const std::string model_flag =
         !o.pretrained_model_name_or_path.empty()
             ? "--pretrained_model_name_or_path " + o.pretrained_model_name_or_path

@@ -31,8 +31,9 @@ struct PlanOptions {
     int64_t calibration_points = plan::kCalibrationPoints;  // tiny steps per remedy key
     // The remedies the search may vary (plan::searchable_remedies()); the others stay as given.
     std::vector<std::string> search = {
-        "mixed_precision", "gradient_checkpointing", "accumulation", "attention",
-        "ff_chunk_size",   "fused_backward",         "optimizer"};
+        "mixed_precision", "gradient_checkpointing", "accumulation",
+        "attention",       "ff_chunk_size",          "fused_backward",
+        "optimizer",       "blocks_to_swap",         "offload_optimizer"};
     int64_t top = 8;  // rows of the search shown
 };
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "core/memory.h"
 
@@ -24,6 +25,29 @@ TEST(MemoryMeter, CountsExactBytesOfKnownAllocations) {
     }
     EXPECT_EQ(cpu_stats().current, before);
     EXPECT_EQ(sf::mem::cpu_live_allocations(), live_before);
+}
+
+// Host memory (block swap, optimizer offload) is counted apart from the device's tensor bytes.
+TEST(MemoryMeter, HostMemoryIsCountedApartAndOpsOnItStayThere) {
+    const int64_t before = cpu_stats().current, host_before = sf::mem::host_stats().current;
+    const at::Tensor t = torch::arange(12, torch::kFloat32).reshape({3, 4}).t();  // not contiguous
+    const int64_t with_t = cpu_stats().current;
+    {
+        at::Tensor h = sf::mem::to_host(t, /*pinned=*/false);
+        at::Tensor z = sf::mem::host_zeros_like(h);
+        EXPECT_TRUE(sf::mem::in_host_memory(h));
+        EXPECT_TRUE(sf::mem::in_host_memory(z));
+        EXPECT_FALSE(sf::mem::in_host_memory(t));
+        EXPECT_TRUE(torch::equal(h, t));
+        EXPECT_EQ(cpu_stats().current, with_t);  // nothing counted on the "device"
+        EXPECT_EQ(sf::mem::host_stats().current - host_before, 2 * 12 * 4);
+        z.add_(h);  // in place: stays in host memory
+        EXPECT_TRUE(sf::mem::in_host_memory(z));
+        EXPECT_TRUE(torch::equal(z, t));
+        EXPECT_EQ(cpu_stats().current, with_t);
+    }
+    EXPECT_EQ(sf::mem::host_stats().current, host_before);
+    EXPECT_GT(with_t, before);
 }
 
 TEST(MemoryMeter, PeakTracksHighWaterMarkAndResets) {

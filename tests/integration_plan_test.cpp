@@ -14,15 +14,18 @@ using sf::test::TempDir;
 
 // The target: a full fine-tune of sana-1600m at 1024 px with checkpointing and bf16 takes
 // more than 24 GiB with fp32 AdamW (its moments alone are 12 GiB); the plan finds the remedies
-// that fit (the 8-bit moments and the fused backward pass), and refuses 12 GiB.
+// that fit (the 8-bit moments and the fused backward pass), and refuses 12 GiB unless it may keep
+// blocks and moments in host memory.
 TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
     TempDir tmp("sf_plan_cli");
-    const std::string plan =
-        kSanaflow +
-        " plan --model sana-1600m --resolution 1024 --full_finetune "
-        "--train_batch_size 1 --mixed_precision bf16 --gradient_checkpointing "
-        "--search optimizer,fused_backward --calibration_points 48 --calibration " +
-        tmp.file("calibration.json");
+    auto plan_searching = [&](const std::string& search) {
+        return kSanaflow +
+               " plan --model sana-1600m --resolution 1024 --full_finetune "
+               "--train_batch_size 1 --mixed_precision bf16 --gradient_checkpointing "
+               "--calibration_points 48 --calibration " +
+               tmp.file("calibration.json") + " --search " + search;
+    };
+    const std::string plan = plan_searching("optimizer,fused_backward");
     const auto fits = sf::test::run_command(plan + " --memory_budget 24GiB");
     ASSERT_EQ(fits.exit_code, 0) << fits.output;
     EXPECT_NE(fits.output.find("1604462752 parameters"), std::string::npos) << fits.output;
@@ -41,6 +44,17 @@ TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
     EXPECT_NE(none.output.find("nothing fits"), std::string::npos) << none.output;
     EXPECT_EQ(none.output.find("plan: calibrated "), std::string::npos)
         << "the second plan measured again instead of reading the calibration file";
+
+    // With the blocks' weights and the moments in host memory, 12 GiB is enough.
+    const auto host = sf::test::run_command(
+        plan_searching("optimizer,fused_backward,blocks_to_swap,offload_optimizer") +
+        " --memory_budget 12GiB");
+    ASSERT_EQ(host.exit_code, 0) << host.output;
+    const size_t host_best = host.output.find("best: sanaflow train --model sana-1600m");
+    ASSERT_NE(host_best, std::string::npos) << host.output;
+    EXPECT_NE(host.output.find("--blocks_to_swap", host_best), std::string::npos) << host.output;
+    EXPECT_EQ(host.output.find("calibrated full/bf16/ckpt1/swap"), std::string::npos)
+        << "block swap beside checkpointing every block is calibrated as checkpointing";
 
     const auto bad = sf::test::run_command(plan + " --memory_budget 24parsecs");
     EXPECT_NE(bad.exit_code, 0);

@@ -4,8 +4,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
+#include "core/host_memory.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
@@ -101,6 +104,8 @@ int64_t measured_peak(const PlanShape& s, const PlanRemedies& r) {
     in.caption_tokens = s.caption_tokens;
     in.caption_channels = s.config.caption_channels;
     in.steps = 1;
+    in.adamw.eight_bit = r.optimizer == "adamw8bit";
+    in.adamw.offload = r.offload_optimizer;
     return probe_step(t.ptr(), in, sf::plan::step_options_of(r), torch::kCPU).peak_tensor_bytes;
 }
 
@@ -135,7 +140,7 @@ TEST(PlanPrediction, PredictsALargerConfigurationThanItWasCalibratedOn) {
     all.accumulation = 2;
     PlanRemedies every_other;  // two calibrations combined (with_plain_blocks)
     every_other.gradient_checkpointing = 2;
-    CalibrationStore store(torch::kCPU);
+    CalibrationStore store(torch::kCPU, "", false, 48);
     for (const PlanRemedies& r : {PlanRemedies{}, all, every_other}) {
         const Footprint f =
             predict_footprint(s, r, count_parameters(s), store.phases(s.config, r, false));
@@ -147,6 +152,50 @@ TEST(PlanPrediction, PredictsALargerConfigurationThanItWasCalibratedOn) {
         // The static part is exact: what the predicted peak holds beyond it is the fitted rest.
         EXPECT_GT(f.peak, f.weights + f.optimizer_state);
     }
+}
+
+// On the CPU, host memory is outside the counting allocator (core/host_memory.h): what block swap
+// and the offloaded optimizer keep there leaves the counted peak as it leaves a card's.
+TEST(PlanPrediction, BlockSwapAndOffloadTakeWhatTheyKeepInHostMemoryOffTheDevice) {
+    mem::install_counting_allocator();
+    const PlanShape s = larger_shape();
+    const ParameterCensus census = count_parameters(s);
+    PlanRemedies ckpt;
+    ckpt.gradient_checkpointing = 1;
+    PlanRemedies swap = ckpt;
+    swap.blocks_to_swap = 3;
+    PlanRemedies both = swap;
+    both.offload_optimizer = true;
+    PlanRemedies swap_only = swap;  // swapped blocks are checkpointed without the flag too
+    swap_only.gradient_checkpointing = 0;
+    CalibrationStore store(torch::kCPU, "", false, kCalibrationPoints);
+    std::map<std::string, int64_t> predicted, measured;
+    for (const auto& [name, r] : std::map<std::string, PlanRemedies>{
+             {"ckpt", ckpt}, {"swap", swap}, {"both", both}, {"swap_only", swap_only}}) {
+        const Footprint f = predict_footprint(s, r, census, store.phases(s.config, r, false));
+        mem::reset_host_peak();
+        const int64_t host_before = mem::host_stats().current;
+        measured[name] = measured_peak(s, r);
+        predicted[name] = f.peak;
+        const double error =
+            std::abs(static_cast<double>(f.peak - measured[name])) / measured[name];
+        std::printf("[ plan    ] %s: predicted %s, measured %s (%+.1f%%), host %s\n", name.c_str(),
+                    format_bytes(f.peak).c_str(), format_bytes(measured[name]).c_str(),
+                    100.0 * static_cast<double>(f.peak - measured[name]) / measured[name],
+                    format_bytes(f.host).c_str());
+        EXPECT_LT(error, 0.10) << name << ": predicted " << f.peak << ", measured "
+                               << measured[name];
+        // The host held at least what the plan puts there (the state once it exists).
+        EXPECT_GE(mem::host_stats().peak - host_before, f.host * 9 / 10) << name;
+        if (name == "ckpt") {
+            EXPECT_EQ(f.host, 0);
+        }
+    }
+    // Two of the three swapped blocks' weights and gradients, and their state, leave the device.
+    const int64_t away = 2 * census.block_total * 4 * 2 + 3 * census.block_adamw_state_bytes;
+    EXPECT_GT(measured["ckpt"] - measured["swap"], away * 8 / 10);
+    EXPECT_GT(measured["swap"] - measured["both"],
+              (census.adamw_state_bytes - 3 * census.block_adamw_state_bytes) * 8 / 10);
 }
 
 TEST(PlanSearch, TheCheapestCombinationThatFitsRunsWithinTheBudget) {

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace sf::model {
 namespace {
@@ -16,18 +17,23 @@ namespace {
 // (the ones they had, with what this run added) back to the host.
 class Lent {
 public:
-    Lent(torch::nn::Module& module, c10::Device device) {
+    Lent(torch::nn::Module& module, c10::Device device) : pinned_(device.is_cuda()) {
         for (at::Tensor p : module.parameters()) lend(p, device);
         for (at::Tensor b : module.buffers()) lend(b, device);
     }
     ~Lent() {
-        for (auto& [t, host] : lent_) {
+        for (auto& [t, host, host_grad] : lent_) {
             at::Tensor grad = t.grad();
             if (grad.defined()) t.mutable_grad() = at::Tensor();
             t.set_data(host);
-            if (grad.defined())
-                t.mutable_grad() = grad.to(host.device(), /*non_blocking=*/false,
-                                           /*copy=*/true);
+            if (!grad.defined()) continue;
+            // Into the host gradient it had (the device's began as its copy), else a new one.
+            if (host_grad.defined() && host_grad.sizes() == grad.sizes()) {
+                host_grad.copy_(grad);
+            } else {
+                host_grad = mem::to_host(grad, pinned_);
+            }
+            t.mutable_grad() = host_grad;
         }
     }
     Lent(const Lent&) = delete;
@@ -36,20 +42,24 @@ public:
 private:
     void lend(at::Tensor t, c10::Device device) {
         const at::Tensor host = t.data();
-        at::Tensor grad = t.grad();
+        const at::Tensor grad = t.grad();
         if (grad.defined()) t.mutable_grad() = at::Tensor();
         t.set_data(host.to(device, /*non_blocking=*/true, /*copy=*/true));
         if (grad.defined()) t.mutable_grad() = grad.to(device, /*non_blocking=*/true, true);
-        lent_.emplace_back(t, host);
+        lent_.push_back({t, host, grad});
     }
-    std::vector<std::pair<at::Tensor, at::Tensor>> lent_;  // (the module's tensor, its host data)
+    struct Entry {
+        at::Tensor tensor, host, host_grad;  // the module's tensor, its host data and gradient
+    };
+    std::vector<Entry> lent_;
+    bool pinned_;
 };
 
-void move_to(torch::nn::Module& m, c10::Device device, bool pinned) {
+// To host memory (mem::to_host: pinned for a CUDA device) or back to the device.
+void move_to(torch::nn::Module& m, c10::Device device, bool host, bool pinned) {
     auto move = [&](at::Tensor t) {
-        at::Tensor data = t.data().to(device);
-        if (pinned) data = data.pin_memory();
-        t.set_data(data);
+        t.set_data(host ? mem::to_host(t.data(), pinned)
+                        : t.data().to(device, /*non_blocking=*/false, /*copy=*/true));
     };
     for (at::Tensor p : m.parameters()) move(p);
     for (at::Tensor b : m.buffers()) move(b);
@@ -63,10 +73,10 @@ void BlockSwap::set(const std::vector<std::shared_ptr<torch::nn::Module>>& block
         throw Error::InvalidArgument(
             fmt::format("--blocks_to_swap {}: the transformer has {} blocks", n, blocks.size()));
     }
-    for (const auto& block : swapped_) move_to(*block, device_, false);
+    for (const auto& block : swapped_) move_to(*block, device_, /*host=*/false, false);
     swapped_.assign(blocks.begin(), blocks.begin() + n);
     device_ = device;
-    for (const auto& block : swapped_) move_to(*block, c10::Device(c10::kCPU), device.is_cuda());
+    for (const auto& block : swapped_) move_to(*block, device, /*host=*/true, device.is_cuda());
 }
 
 CheckpointScope BlockSwap::scope(size_t block) {

@@ -7,7 +7,8 @@
 // the weights of one swapped block at a time instead of N.
 //
 // On the CPU the "device" copy is a real copy too, so the path is the one CUDA takes (and its
-// results must be bit-identical to a run without swapping).
+// results must be bit-identical to a run without swapping), and the host side lives outside the
+// counting allocator (core/host_memory.h): the counted peak falls as a card's would.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -42,10 +42,11 @@ train::TrainStepOptions plan_start_of_run(const TrainOptions& o, const train::Tr
     plan::CalibrationStore store(device, file, /*recalibrate=*/false, o.plan_calibration_points);
     // The calibration's own tiny steps are not the run's: the byte budget waits for the run.
     const mem::BudgetGuard no_budget(0);
-    const plan::StartPlan p =
-        plan::plan_start(shape, o.train_batch_size, start, o.optimizer, budget, store);
+    const plan::StartPlan p = plan::plan_start(shape, o.train_batch_size, start, o.optimizer,
+                                               o.offload_optimizer, budget, store);
     store.save();
-    const std::string flags = plan::remedies_of(p.options, o.optimizer).flags();
+    const std::string flags =
+        plan::remedies_of(p.options, o.optimizer, o.offload_optimizer).flags();
     const std::string settings = flags.empty() ? "no remedies" : flags;
     if (!p.fits) {
         throw Error::OutOfMemory(fmt::format(

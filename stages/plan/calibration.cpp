@@ -158,6 +158,7 @@ struct Point {
 std::vector<Point> points_like(const model::SanaTransformerConfig& base, const PlanRemedies& r,
                                bool lora, int64_t count) {
     std::mt19937_64 rng(20261202);
+    std::mt19937_64 swap_rng(20261203);  // apart, so that the other draws are every key's
     auto pick = [&rng](std::initializer_list<int64_t> v) {
         return *(v.begin() + static_cast<int64_t>(rng() % v.size()));
     };
@@ -196,6 +197,8 @@ std::vector<Point> points_like(const model::SanaTransformerConfig& base, const P
         if (r.chunked_attention())
             p.remedies.attention_chunk = 2 + chunk_draw % (tokens + tokens / 2);
         if (r.ff_chunk_size > 0) p.remedies.ff_chunk_size = 1 + rows_draw % rows;
+        if (r.blocks_to_swap > 0)
+            p.remedies.blocks_to_swap = 1 + static_cast<int64_t>(swap_rng() % c.num_layers);
         out.push_back(p);
     }
     return out;
@@ -239,8 +242,11 @@ void calibrate(Calibration& into, const model::SanaTransformerConfig& base, cons
         in.steps = 1;
         in.adamw.eight_bit = r.optimizer == "adamw8bit";
         const ProbeResult result = probe_step(m, in, step_options_of(p.remedies), device);
-        const std::vector<double> x = step_features(p.shape, p.remedies, census);
-        const int64_t fixed = census.total * 4 + census.state_bytes(r.optimizer);
+        const int64_t layers = p.shape.config.num_layers;
+        const std::vector<double> x =
+            step_features(p.shape, p.remedies, device_share(census, p.remedies, layers));
+        const Footprint static_part = static_footprint(census, p.remedies, layers);
+        const int64_t fixed = static_part.weights + static_part.optimizer_state;
         for (const auto& [phase, peak] : result.phases) {
             features[phase].push_back(x);
             targets[phase].push_back(
@@ -381,7 +387,8 @@ PhaseModels CalibrationStore::phases(const model::SanaTransformerConfig& c, cons
 }
 
 const PhaseModels& CalibrationStore::measured(const model::SanaTransformerConfig& c,
-                                              const PlanRemedies& r, bool lora) {
+                                              const PlanRemedies& given, bool lora) {
+    const PlanRemedies r = given.calibrated();
     const std::string key = calibration_key(c, r, lora);
     if (!cal_.keys.count(key) || (recalibrate_ && !fresh_.count(key))) {
         calibrate(cal_, c, r, lora, device_, points_);
@@ -396,7 +403,8 @@ double CalibrationStore::relative_time(const model::SanaTransformerConfig& c, co
     none.optimizer = r.optimizer;
     measured(c, none, lora);
     measured(c, r, lora);
-    return cal_.relative_time(calibration_key(c, r, lora), calibration_key(c, none, lora));
+    return cal_.relative_time(calibration_key(c, r.calibrated(), lora),
+                              calibration_key(c, none, lora));
 }
 
 void CalibrationStore::save() const {

@@ -14,10 +14,10 @@
 namespace sf::plan {
 
 std::string PlanRemedies::key(bool lora) const {
-    return fmt::format("{}/{}/ckpt{}/{}/ff{}/{}/{}", lora ? "lora" : "full",
+    return fmt::format("{}/{}/ckpt{}{}/{}/ff{}/{}/{}", lora ? "lora" : "full",
                        mixed_precision == "no" ? "fp32" : "bf16", gradient_checkpointing,
-                       chunked_attention() ? "chunked" : "dense", ff_chunk_size > 0 ? 1 : 0,
-                       fused_backward ? "fused" : "unfused", optimizer);
+                       blocks_to_swap > 0 ? "/swap" : "", chunked_attention() ? "chunked" : "dense",
+                       ff_chunk_size > 0 ? 1 : 0, fused_backward ? "fused" : "unfused", optimizer);
 }
 
 std::string PlanRemedies::flags() const {
@@ -36,7 +36,25 @@ std::string PlanRemedies::flags() const {
     if (ff_chunk_size > 0) f.push_back(fmt::format("--ff_chunk_size {}", ff_chunk_size));
     if (fused_backward) f.push_back("--fused_backward_pass");
     if (optimizer != "adamw") f.push_back("--optimizer " + optimizer);
+    if (blocks_to_swap > 0) f.push_back(fmt::format("--blocks_to_swap {}", blocks_to_swap));
+    if (offload_optimizer) f.push_back("--offload_optimizer");
     return fmt::format("{}", fmt::join(f, " "));
+}
+
+PlanRemedies PlanRemedies::calibrated() const {
+    PlanRemedies c = *this;
+    c.blocks_to_swap = blocks_to_swap > 0 && gradient_checkpointing == 0 ? 1 : 0;
+    c.offload_optimizer = false;
+    return c;
+}
+
+int64_t checkpointed_blocks(int64_t num_layers, const PlanRemedies& r) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < num_layers; ++i) {
+        const bool every = r.gradient_checkpointing > 0 && i % r.gradient_checkpointing == 0;
+        if (every || i < r.blocks_to_swap) ++n;
+    }
+    return n;
 }
 
 int64_t ParameterCensus::state_bytes(const std::string& optimizer) const {
@@ -44,6 +62,10 @@ int64_t ParameterCensus::state_bytes(const std::string& optimizer) const {
     if (optimizer == "adamw8bit") return adamw8bit_state_bytes;
     throw Error::InvalidArgument(
         fmt::format("--optimizer: {} is not adamw or adamw8bit", optimizer));
+}
+
+int64_t ParameterCensus::block_state_bytes(const std::string& optimizer) const {
+    return optimizer == "adamw8bit" ? block_adamw8bit_state_bytes : block_adamw_state_bytes;
 }
 
 namespace {
@@ -86,6 +108,10 @@ ParameterCensus count_parameters(const PlanShape& shape) {
     n.adamw8bit_state_bytes =
         one.adamw8bit_state_bytes + more * (two.adamw8bit_state_bytes - one.adamw8bit_state_bytes);
     n.largest_trainable = two.largest_trainable;
+    n.block_total = two.total - one.total;
+    n.block_trainable = two.trainable - one.trainable;
+    n.block_adamw_state_bytes = two.adamw_state_bytes - one.adamw_state_bytes;
+    n.block_adamw8bit_state_bytes = two.adamw8bit_state_bytes - one.adamw8bit_state_bytes;
     return n;
 }
 
@@ -135,8 +161,7 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const double hc = static_cast<double>(c.num_cross_attention_heads);
     const double h = static_cast<double>(c.num_attention_heads);
     const double blocks = static_cast<double>(c.num_layers);
-    const int64_t every = r.gradient_checkpointing;
-    const double ckpt = every > 0 ? static_cast<double>((c.num_layers + every - 1) / every) : 0.0;
+    const double ckpt = static_cast<double>(checkpointed_blocks(c.num_layers, r));
     const double plain = blocks - ckpt;
     // What the model does with the chunk sizes (sana_blocks.cpp): the cross-attention runs its
     // chunked kernel at any chunk; the self-attention and the feed-forward run whole when one
@@ -196,13 +221,36 @@ double PhaseModel::eval(const std::vector<double>& x) const {
     return highest;
 }
 
+ParameterCensus device_share(const ParameterCensus& census, const PlanRemedies& r,
+                             int64_t num_layers) {
+    const int64_t swapped = std::clamp<int64_t>(r.blocks_to_swap, 0, num_layers);
+    const int64_t away = swapped > 0 ? swapped - 1 : 0;
+    ParameterCensus device = census;
+    device.total -= away * census.block_total;
+    device.trainable -= away * census.block_trainable;
+    return device;
+}
+
+Footprint static_footprint(const ParameterCensus& census, const PlanRemedies& r,
+                           int64_t num_layers) {
+    const ParameterCensus device = device_share(census, r, num_layers);
+    const int64_t swapped = std::clamp<int64_t>(r.blocks_to_swap, 0, num_layers);
+    const int64_t swapped_state = swapped * census.block_state_bytes(r.optimizer);
+    const int64_t state = census.state_bytes(r.optimizer);
+    Footprint f;
+    f.weights = device.total * 4;
+    f.gradients = r.fused_backward ? 0 : device.trainable * 4;
+    f.optimizer_state = r.offload_optimizer ? 0 : state - swapped_state;
+    f.host = swapped * (census.block_total + census.block_trainable) * 4 +
+             (r.offload_optimizer ? state : swapped_state);
+    return f;
+}
+
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases) {
-    const std::vector<double> x = step_features(shape, r, census);
-    Footprint f;
-    f.weights = census.total * 4;
-    f.gradients = r.fused_backward ? 0 : census.trainable * 4;
-    f.optimizer_state = census.state_bytes(r.optimizer);
+    const std::vector<double> x =
+        step_features(shape, r, device_share(census, r, shape.config.num_layers));
+    Footprint f = static_footprint(census, r, shape.config.num_layers);
     for (const auto& [phase, model] : phases) {
         const double rest = model.eval(x);
         const int64_t bytes = f.weights + f.optimizer_state + static_cast<int64_t>(rest);
@@ -220,6 +268,10 @@ std::string footprint_table(const Footprint& f) {
     out += fmt::format("  {:<34} {:>12}\n", "gradients (trainable, fp32)",
                        f.gradients > 0 ? format_bytes(f.gradients) : "none live (fused)");
     out += fmt::format("  {:<34} {:>12}\n", "optimizer state", format_bytes(f.optimizer_state));
+    if (f.host > 0) {
+        out += fmt::format("  {:<34} {:>12}\n", "in host memory (swapped, offloaded)",
+                           format_bytes(f.host));
+    }
     out += fmt::format("  {:<34} {:>12} {:>30}\n", "phase", "peak", "activations and transients");
     for (const std::string phase : {"data", "forward", "backward", "optimizer"}) {
         const auto it = f.phase_peaks.find(phase);

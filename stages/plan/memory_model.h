@@ -33,6 +33,8 @@ struct PlanRemedies {
     int64_t accumulation = 1;         // micro-batches per optimizer step: batch / accumulation each
     int64_t micro_batch_split = 1;    // passes per micro-batch (what a pass holds is counted)
     std::string optimizer = "adamw";  // "adamw" or "adamw8bit"
+    int64_t blocks_to_swap = 0;       // the first N blocks' weights in host memory
+    bool offload_optimizer = false;   // AdamW's moments in host memory
 
     bool chunked_attention() const { return attention != "dense"; }
     // What a calibration is kept under: the remedies that change which tensors a block holds
@@ -40,7 +42,17 @@ struct PlanRemedies {
     std::string key(bool lora) const;
     // The command-line flags that turn these remedies on (empty for none).
     std::string flags() const;
+    // What the calibration measures for these remedies. Block swap and optimizer offload move
+    // bytes that are counted exactly to the host (device_share() takes them off), and a swapped
+    // block is always checkpointed: beside checkpointing, swap changes nothing else, so its
+    // calibration is checkpointing's. Swap alone checkpoints the swapped blocks only: that is
+    // calibrated by steps that swap (blocks_to_swap = 1 here, any count in the steps).
+    PlanRemedies calibrated() const;
 };
+
+// The blocks of `num_layers` that a step recomputes: every k-th (r.gradient_checkpointing) and
+// the swapped ones.
+int64_t checkpointed_blocks(int64_t num_layers, const PlanRemedies& r);
 
 struct PlanShape {
     model::SanaTransformerConfig config;
@@ -58,8 +70,21 @@ struct ParameterCensus {
     int64_t adamw_state_bytes = 0;      // two fp32 moments per trainable element
     int64_t adamw8bit_state_bytes = 0;  // codes and absmax per block (fp32 below kMin8BitSize)
     int64_t largest_trainable = 0;      // elements of the largest trainable tensor
+    // What one transformer block adds to each count (the blocks are alike).
+    int64_t block_total = 0, block_trainable = 0;
+    int64_t block_adamw_state_bytes = 0, block_adamw8bit_state_bytes = 0;
     int64_t state_bytes(const std::string& optimizer) const;
+    int64_t block_state_bytes(const std::string& optimizer) const;
 };
+
+// What of `census` the device holds with r's block swap (all but the swapped blocks, one of which
+// is lent at a time), and the static part of a footprint: the device's weights, gradients and
+// optimizer state (none offloaded; a swapped block's is on the host either way) and the host's.
+struct Footprint;
+ParameterCensus device_share(const ParameterCensus& census, const PlanRemedies& r,
+                             int64_t num_layers);
+Footprint static_footprint(const ParameterCensus& census, const PlanRemedies& r,
+                           int64_t num_layers);
 
 // Builds the configuration with one and with two blocks (never the whole model: the blocks are
 // alike, so every count is linear in their number) and counts what a run would train.
@@ -83,14 +108,18 @@ struct PhaseModel {
 using PhaseModels = std::map<std::string, PhaseModel>;  // phase -> model
 
 struct Footprint {
-    int64_t weights = 0, gradients = 0, optimizer_state = 0;
+    int64_t weights = 0, gradients = 0, optimizer_state = 0;  // on the device
+    // In host memory: the swapped blocks' weights and gradients, the offloaded moments.
+    int64_t host = 0;
     std::map<std::string, int64_t> phase_peaks;  // "data", "forward", "backward", "optimizer"
     int64_t peak = 0;
     std::string peak_phase;
 };
 
 // The prediction of every phase fitted in `phases` (phase -> coefficients), the static part
-// added.
+// added. With r.blocks_to_swap = N, the device holds the weights (and gradients) of the other
+// blocks and of the one lent at a time; with r.offload_optimizer, no optimizer state (a swapped
+// block's state is on the host either way).
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases);
 

@@ -11,8 +11,9 @@ namespace sf::plan {
 
 const std::vector<std::string>& searchable_remedies() {
     static const std::vector<std::string> names = {
-        "mixed_precision", "gradient_checkpointing", "accumulation", "attention",
-        "ff_chunk_size",   "fused_backward",         "optimizer"};
+        "mixed_precision", "gradient_checkpointing", "accumulation",
+        "attention",       "ff_chunk_size",          "fused_backward",
+        "optimizer",       "blocks_to_swap",         "offload_optimizer"};
     return names;
 }
 
@@ -45,7 +46,32 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
     std::vector<std::string> optimizers = {given.optimizer};
     if (varies("optimizer")) optimizers = {"adamw", "adamw8bit"};
 
+    // Block swap as musubi-tuner uses it, beside checkpointing every block: a quarter, half or
+    // all but one of them. (Swap without checkpointing recomputes the swapped blocks only, which
+    // would need a calibration of its own for each count.)
+    const int64_t layers = s.config.num_layers;
+    std::vector<int64_t> swaps = {given.blocks_to_swap};
+    if (varies("blocks_to_swap")) {
+        swaps = {0};
+        for (int64_t n : {layers / 4, layers / 2, layers - 1})
+            if (n > 0 && std::find(swaps.begin(), swaps.end(), n) == swaps.end())
+                swaps.push_back(n);
+    }
+    std::vector<bool> offloads = {given.offload_optimizer};
+    if (varies("offload_optimizer")) offloads = {false, true};
     std::vector<PlanRemedies> out;
+    auto add = [&](PlanRemedies r) {
+        for (int64_t swap : swaps) {
+            if (swap > 0 && (r.fused_backward ||
+                             (swap != given.blocks_to_swap && r.gradient_checkpointing != 1)))
+                continue;  // the trainer refuses swap with the fused pass
+            for (bool offload : offloads) {
+                r.blocks_to_swap = swap;
+                r.offload_optimizer = offload;
+                out.push_back(r);
+            }
+        }
+    };
     for (const auto& precision : precisions)
         for (int64_t ckpt : checkpointing)
             for (const auto& attention : attentions)
@@ -61,7 +87,7 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
                                 r.fused_backward = f;
                                 r.optimizer = optimizer;
                                 r.accumulation = accumulation;
-                                out.push_back(r);
+                                add(r);
                             }
     return out;
 }
@@ -87,13 +113,19 @@ SearchResult search_remedies(const PlanShape& shape, const PlanRemedies& given,
         if (f.peak > budget) continue;
         result.fitting.push_back({r, std::move(f), store.relative_time(shape.config, r, lora)});
     }
-    // Costs within 5% count as equal: then fewer micro-batches, then the lower peak.
+    // What stays on the device first: the host's copies cost transfers the calibration does not
+    // measure (its device is the host on a CPU). Then costs within 5% count as equal: then fewer
+    // micro-batches, then less in host memory, then the lower peak.
     std::sort(result.fitting.begin(), result.fitting.end(),
               [](const Candidate& a, const Candidate& b) {
+                  const bool ha = a.footprint.host > 0, hb = b.footprint.host > 0;
+                  if (ha != hb) return hb;
                   const double ca = std::round(a.cost * 20), cb = std::round(b.cost * 20);
                   if (ca != cb) return ca < cb;
                   if (a.remedies.accumulation != b.remedies.accumulation)
                       return a.remedies.accumulation < b.remedies.accumulation;
+                  if (a.footprint.host != b.footprint.host)
+                      return a.footprint.host < b.footprint.host;
                   return a.footprint.peak < b.footprint.peak;
               });
     return result;

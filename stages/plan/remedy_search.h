@@ -1,7 +1,8 @@
 // The search of `sanaflow plan --memory_budget`: every combination of the remedies it may vary
 // (precision, checkpointing, micro-batches at the same effective batch, attention kind, chunked
-// feed-forward, fused backward, 8-bit moments) predicted by the calibrated memory model; those
-// within the budget ordered by their measured step-time cost.
+// feed-forward, fused backward, 8-bit moments, block swap, optimizer offload) predicted by the
+// calibrated memory model; those within the budget ordered by their measured step-time cost,
+// the ones that keep everything on the device first.
 #pragma once
 
 #include <cstdint>

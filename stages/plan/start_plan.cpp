@@ -4,7 +4,8 @@
 
 namespace sf::plan {
 
-PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer) {
+PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer,
+                         bool offload_optimizer) {
     PlanRemedies r;
     r.mixed_precision = o.mixed_precision == "fp16" ? "bf16" : o.mixed_precision;
     r.gradient_checkpointing = o.gradient_checkpointing;
@@ -15,6 +16,8 @@ PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& op
     r.accumulation = o.accumulation;
     r.micro_batch_split = o.micro_batch_split;
     r.optimizer = optimizer;
+    r.blocks_to_swap = o.blocks_to_swap;
+    r.offload_optimizer = offload_optimizer;
     return r;
 }
 
@@ -29,17 +32,19 @@ train::TrainStepOptions step_options_of(const PlanRemedies& r) {
     o.accumulation = r.accumulation;
     o.micro_batch_split = r.micro_batch_split;
     o.fused_backward = r.fused_backward;
+    o.blocks_to_swap = r.blocks_to_swap;
     o.max_grad_norm = r.fused_backward ? 0.0 : 1.0;
     return o;
 }
 
 StartPlan plan_start(const PlanShape& shape, int64_t micro_batch, train::TrainStepOptions o,
-                     const std::string& optimizer, int64_t budget, CalibrationStore& store) {
+                     const std::string& optimizer, bool offload_optimizer, int64_t budget,
+                     CalibrationStore& store) {
     const bool lora = shape.lora_rank > 0;
     const ParameterCensus census = count_parameters(shape);
     StartPlan plan;
     for (;;) {
-        const PlanRemedies r = remedies_of(o, optimizer);
+        const PlanRemedies r = remedies_of(o, optimizer, offload_optimizer);
         plan.predicted = predict_footprint(shape, r, census, store.phases(shape.config, r, lora));
         plan.options = o;
         plan.fits =

@@ -28,12 +28,15 @@ struct StartPlan {
 
 // The remedies of a trainer's options (as PlanRemedies counts them), and the trainer's options of
 // remedies (global-norm clipping on, as the trainer's default, unless the pass is fused).
-PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer);
+PlanRemedies remedies_of(const train::TrainStepOptions& o, const std::string& optimizer,
+                         bool offload_optimizer = false);
+// (The optimizer, and whether it is offloaded, are AdamWOptions: not in the step's options.)
 train::TrainStepOptions step_options_of(const PlanRemedies& r);
 
 // `shape.batch` is the effective batch (micro-batch x accumulation); `micro_batch` what
 // train::relieve() splits.
 StartPlan plan_start(const PlanShape& shape, int64_t micro_batch, train::TrainStepOptions o,
-                     const std::string& optimizer, int64_t budget, CalibrationStore& store);
+                     const std::string& optimizer, bool offload_optimizer, int64_t budget,
+                     CalibrationStore& store);
 
 }  // namespace sf::plan

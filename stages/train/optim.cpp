@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace sf::train {
 
@@ -38,11 +39,11 @@ void AdamW::step_one(size_t index, double lr) {
     at::NoGradGuard no_grad;
     at::Tensor& param = params_[index].second;
     if (!param.grad().defined()) return;
-    // Offloaded, the arithmetic below runs on host copies; the weights go back after it.
-    const c10::Device host(c10::kCPU);
-    at::Tensor p = options_.offload ? param.detach().to(host, false, /*copy=*/true) : param;
-    const at::Tensor grad =
-        options_.offload ? param.grad().to(host, false, /*copy=*/true) : param.grad();
+    // Offloaded, the arithmetic below runs on host copies (core/host_memory.h); the weights go
+    // back after it. A block swap's weights are in host memory already, and so are their moments.
+    at::Tensor p = options_.offload ? mem::to_host(param.detach(), false) : param;
+    const at::Tensor grad = options_.offload ? mem::to_host(param.grad(), false) : param.grad();
+    const bool host = options_.offload || mem::in_host_memory(param);
     if (options_.offload) offload_copies_ += 2;
     Moments& m = moments_[index];
     if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
@@ -55,8 +56,9 @@ void AdamW::step_one(size_t index, double lr) {
         }
     }
     if (!m.exp_avg.defined()) {
-        m.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
-        m.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+        m.exp_avg = host ? mem::host_zeros_like(p) : at::zeros_like(p, at::MemoryFormat::Preserve);
+        m.exp_avg_sq =
+            host ? mem::host_zeros_like(p) : at::zeros_like(p, at::MemoryFormat::Preserve);
     }
     ++m.step;
     const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(m.step));
@@ -68,6 +70,12 @@ void AdamW::step_one(size_t index, double lr) {
     if (eight_bit) {
         m.avg8 = BlockQuantized::quantize(m.exp_avg, /*is_signed=*/true);
         m.avg_sq8 = BlockQuantized::quantize(m.exp_avg_sq, /*is_signed=*/false);
+        if (host) {
+            for (BlockQuantized* q : {&m.avg8, &m.avg_sq8}) {
+                q->codes = mem::to_host(q->codes, false);
+                q->absmax = mem::to_host(q->absmax, false);
+            }
+        }
         m.exp_avg = m.exp_avg_sq = at::Tensor();
     }
     if (options_.offload) {
@@ -114,8 +122,12 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
         }
         Moments m;
         m.step = step->second.item<int64_t>();
-        // Where the moments live: beside the weights, or in host memory when offloaded.
-        const c10::Device home = options_.offload ? c10::Device(c10::kCPU) : p.device();
+        // Where the moments live: beside the weights, or in host memory when offloaded (or when
+        // the weights are there, swapped).
+        const bool host = options_.offload || mem::in_host_memory(p);
+        auto place = [&](const at::Tensor& t, at::ScalarType dtype) {
+            return host ? mem::to_host(t.to(dtype), false) : t.to(p.device(), dtype).clone();
+        };
         if (options_.eight_bit && p.numel() >= kMin8BitSize) {
             const int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
             for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
@@ -132,8 +144,8 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
                 const bool first = std::string(which) == ".exp_avg";
                 BlockQuantized& q = first ? m.avg8 : m.avg_sq8;
                 q.is_signed = first;
-                q.codes = codes->second.to(home).reshape({-1}).clone();
-                q.absmax = absmax->second.to(home, at::kFloat).reshape({-1}).clone();
+                q.codes = place(codes->second.reshape({-1}), at::kByte);
+                q.absmax = place(absmax->second.reshape({-1}), at::kFloat);
             }
             moments_[i] = std::move(m);
             continue;
@@ -144,7 +156,7 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
                 throw Error::InvalidArgument(fmt::format(
                     "optimizer state: {}{} is missing or has the wrong shape", name, which));
             }
-            at::Tensor t = it->second.to(p.options().device(home)).clone();
+            at::Tensor t = place(it->second, p.scalar_type());
             (std::string(which) == ".exp_avg" ? m.exp_avg : m.exp_avg_sq) = t;
         }
         moments_[i] = std::move(m);

@@ -60,6 +60,13 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
     cmd->add_option("--optimizer", o.remedies.optimizer, "adamw or adamw8bit")
         ->transform(CLI::IsMember({"adamw", "adamw8bit"}, CLI::ignore_case))
         ->capture_default_str();
+    cmd->add_option("--blocks_to_swap", o.remedies.blocks_to_swap,
+                    "keep this many blocks' weights in host memory, each lent to the device "
+                    "for its forward and its recompute")
+        ->check(integer_in(0, 1 << 20))
+        ->capture_default_str();
+    cmd->add_flag("--offload_optimizer", o.remedies.offload_optimizer,
+                  "keep AdamW's moments in host memory and update there");
     cmd->add_option("--memory_budget", o.memory_budget,
                     "search the remedies that fit this much (24GiB, 16GB, 800MiB): the cheapest "
                     "first, and the train command line of the best (default with --device cuda: "
@@ -74,7 +81,8 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
     cmd->add_option("--search", o.search,
                     "the remedies the search may vary (the others stay as given): "
                     "mixed_precision, gradient_checkpointing, accumulation, attention, "
-                    "ff_chunk_size, fused_backward, optimizer")
+                    "ff_chunk_size, fused_backward, optimizer, blocks_to_swap, "
+                    "offload_optimizer")
         ->delimiter(',')
         ->capture_default_str();
     cmd->add_option("--calibration_points", o.calibration_points,
