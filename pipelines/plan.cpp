@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "model/common/config_json.h"
 #include "stages/plan/calibration.h"
 #include "stages/plan/remedy_search.h"
 
@@ -23,22 +24,38 @@ namespace {
 namespace fs = std::filesystem;
 using plan::PlanRemedies;
 
-model::SanaTransformerConfig resolve_config(const PlanOptions& o) {
-    if (!o.transformer_config.empty())
-        return model::SanaTransformerConfig::from_json_file(o.transformer_config);
-    if (!o.pretrained_model_name_or_path.empty()) {
-        const fs::path dir = o.pretrained_model_name_or_path;
-        const fs::path sub = dir / "transformer" / "config.json";
-        return model::SanaTransformerConfig::from_json_file(fs::exists(sub) ? sub.string()
-                                                                            : dir.string());
-    }
-    return model::SanaTransformerConfig::named(o.model);
+// The config file the flags name ("" for a built-in name).
+std::string config_file(const PlanOptions& o) {
+    if (!o.transformer_config.empty()) return o.transformer_config;
+    if (o.pretrained_model_name_or_path.empty()) return "";
+    const fs::path dir = o.pretrained_model_name_or_path;
+    const fs::path sub = dir / "transformer" / "config.json";
+    return fs::exists(sub) ? sub.string() : dir.string();
 }
 
-// The latent grid of the bucket: DC-AE's 32x downsampling.
+bool is_video_config(const std::string& file) {
+    const model::ConfigFile f = model::read_config_file(file, "transformer config");
+    const auto it = f.json.find("_class_name");
+    return it != f.json.end() && it->is_string() &&
+           it->get<std::string>() == "SanaVideoTransformer3DModel";
+}
+
+// The transformer and the latent grid of the bucket: DC-AE's 32x downsampling for the image
+// transformer; the Wan VAE's 8x, and 4x over frames (1 + 4k frames), for the video one.
 plan::PlanShape resolve_shape(const PlanOptions& o) {
     plan::PlanShape s;
-    s.config = resolve_config(o);
+    const std::string file = config_file(o);
+    const auto& video_names = model::SanaVideoTransformerConfig::names();
+    const bool video = file.empty() ? std::find(video_names.begin(), video_names.end(), o.model) !=
+                                          video_names.end()
+                                    : is_video_config(file);
+    if (video) {
+        s.video = file.empty() ? model::SanaVideoTransformerConfig::named(o.model)
+                               : model::SanaVideoTransformerConfig::from_json_file(file);
+    } else {
+        s.config = file.empty() ? model::SanaTransformerConfig::named(o.model)
+                                : model::SanaTransformerConfig::from_json_file(file);
+    }
     int64_t w = o.resolution, h = o.resolution;
     if (!o.bucket.empty()) {
         const size_t x = o.bucket.find('x');
@@ -51,15 +68,29 @@ plan::PlanShape resolve_shape(const PlanOptions& o) {
                 "--bucket: {} is not WIDTHxHEIGHT in pixels (e.g. 1024x768)", o.bucket));
         }
     }
-    const int64_t step = 32 * s.config.patch_size;
+    const int64_t down = video ? 8 : 32;
+    const int64_t patch = video ? s.video->patch_size[1] : s.config.patch_size;
+    const int64_t step = down * patch;
     if (w < step || h < step || w % step != 0 || h % step != 0) {
         throw Error::InvalidArgument(fmt::format(
             "--resolution/--bucket: {}x{} pixels is not a positive multiple of {} (the latent "
-            "grid is pixels / 32, in patches of {})",
-            w, h, step, s.config.patch_size));
+            "grid is pixels / {}, in patches of {})",
+            w, h, step, down, patch));
     }
-    s.latent_width = w / 32;
-    s.latent_height = h / 32;
+    if (video) {
+        if (o.frames < 1 || (o.frames - 1) % 4 != 0) {
+            throw Error::InvalidArgument(fmt::format(
+                "--frames {}: the Wan VAE encodes 1 + 4k frames (1, 5, ..., 81)", o.frames));
+        }
+        s.latent_frames = 1 + (o.frames - 1) / 4;
+        if (s.latent_frames % s.video->patch_size[0] != 0) {
+            throw Error::InvalidArgument(
+                fmt::format("--frames {}: {} latent frames are not a multiple of the patch's {}",
+                            o.frames, s.latent_frames, s.video->patch_size[0]));
+        }
+    }
+    s.latent_width = w / down;
+    s.latent_height = h / down;
     s.batch = o.train_batch_size * o.remedies.accumulation;  // the effective batch, kept
     s.caption_tokens = o.max_sequence_length;
     s.lora_rank = o.rank;
@@ -74,10 +105,11 @@ PlanReport run_plan(const PlanOptions& o) {
     if (o.remedies.accumulation < 1)
         throw Error::InvalidArgument("--gradient_accumulation_steps must be >= 1");
     const plan::PlanShape shape = resolve_shape(o);
-    if (o.remedies.blocks_to_swap > shape.config.num_layers) {
+    const plan::Structure st = plan::structure_of(shape);
+    if (o.remedies.blocks_to_swap > st.layers) {
         throw Error::InvalidArgument(
             fmt::format("--blocks_to_swap {}: the transformer has {} blocks",
-                        o.remedies.blocks_to_swap, shape.config.num_layers));
+                        o.remedies.blocks_to_swap, st.layers));
     }
     if (o.remedies.blocks_to_swap > 0 && o.remedies.fused_backward) {
         throw Error::InvalidArgument(
@@ -92,17 +124,18 @@ PlanReport run_plan(const PlanOptions& o) {
 
     PlanReport report;
     std::string& out = report.text;
+    const std::string latents =
+        st.video
+            ? fmt::format("{}x{}x{}", shape.latent_frames, shape.latent_height, shape.latent_width)
+            : fmt::format("{}x{}", shape.latent_height, shape.latent_width);
     out += fmt::format(
-        "plan: {} blocks of width {}, {} parameters ({} trainable: {}), latents {}x{} ({} tokens), "
+        "plan: {}{} blocks of width {}, {} parameters ({} trainable: {}), latents {} ({} tokens), "
         "batch {} in micro-batches of {}, captions of {} tokens, calibrated on {}\n",
-        shape.config.num_layers, shape.config.inner_dim(), census.total, census.trainable,
-        lora ? fmt::format("LoRA rank {}", o.rank) : "full fine-tune", shape.latent_height,
-        shape.latent_width,
-        shape.latent_height * shape.latent_width /
-            (shape.config.patch_size * shape.config.patch_size),
+        st.video ? "video transformer, " : "", st.layers, st.inner, census.total, census.trainable,
+        lora ? fmt::format("LoRA rank {}", o.rank) : "full fine-tune", latents, st.tokens(),
         shape.batch, shape.batch / o.remedies.accumulation, shape.caption_tokens, device.str());
-    const plan::Footprint given = plan::predict_footprint(
-        shape, o.remedies, census, store.phases(shape.config, o.remedies, lora));
+    const plan::Footprint given =
+        plan::predict_footprint(shape, o.remedies, census, store.phases(shape, o.remedies));
     const std::string given_flags = o.remedies.flags();
     out += fmt::format("predicted peak with {}: {} (in the {} phase)\n",
                        given_flags.empty() ? "no remedies" : given_flags, format_bytes(given.peak),
@@ -150,9 +183,13 @@ PlanReport run_plan(const PlanOptions& o) {
         : !o.transformer_config.empty() ? "--transformer_config " + o.transformer_config
                                         : "--model " + o.model;
     const plan::PlanRemedies& best = found.fitting.front().remedies;
-    out += fmt::format("best: sanaflow train {} --resolution {} --train_batch_size {} {} {}\n",
-                       model_flag, std::max(shape.latent_width, shape.latent_height) * 32,
-                       shape.batch / best.accumulation,
+    // A video cache decides its windows: no --resolution for the video transformer.
+    const std::string resolution =
+        st.video ? ""
+                 : fmt::format(" --resolution {}",
+                               std::max(shape.latent_width, shape.latent_height) * 32);
+    out += fmt::format("best: sanaflow train {}{} --train_batch_size {} {} {}\n", model_flag,
+                       resolution, shape.batch / best.accumulation,
                        lora ? fmt::format("--rank {}", o.rank) : "--full_finetune", best.flags());
     return report;
 }

@@ -14,9 +14,11 @@
 namespace sf::pipelines {
 
 struct PlanOptions {
-    // The transformer: a diffusers directory, a config.json, or a built-in name.
+    // The transformer: a diffusers directory, a config.json, or a built-in name (an image
+    // transformer's, or a video one's: SanaVideoTransformer3DModel).
     std::string pretrained_model_name_or_path, transformer_config, model = "sana-600m";
     int64_t resolution = 1024;  // pixels of a square bucket
+    int64_t frames = 81;        // frames of a video window (1 + 4k): the video transformer only
     std::string bucket;         // "WIDTHxHEIGHT" pixels, instead of the square
     int64_t train_batch_size = 1;
     int64_t max_sequence_length = 300;

@@ -64,4 +64,31 @@ TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
     EXPECT_NE(unknown.output.find("bogus"), std::string::npos) << unknown.output;
 }
 
+// The video transformer through the program: SANA-Video 2B at 480p over 81-frame windows (21
+// latent frames of 30 x 52 patches), and the frame counts the Wan VAE cannot encode refused.
+TEST(Cli, PlanPredictsTheVideoTransformerAndRefusesFramesTheVaeCannotEncode) {
+    TempDir tmp("sf_plan_video");
+    const std::string plan =
+        kSanaflow +
+        " plan --model sana-video-2b-480p --bucket 832x480 --rank 16 --mixed_precision bf16 "
+        "--gradient_checkpointing --calibration_points 16 --search attention --calibration " +
+        tmp.file("calibration.json");
+    const auto video = sf::test::run_command(plan + " --frames 81 --memory_budget 80GiB");
+    ASSERT_EQ(video.exit_code, 0) << video.output;
+    EXPECT_NE(video.output.find("video transformer, 20 blocks of width 2240"), std::string::npos)
+        << video.output;
+    EXPECT_NE(video.output.find("latents 21x60x104 (32760 tokens)"), std::string::npos)
+        << video.output;
+    EXPECT_NE(video.output.find("calibrated video/lora/bf16/ckpt1/"), std::string::npos)
+        << video.output;
+    EXPECT_NE(video.output.find("<- peak"), std::string::npos) << video.output;
+    EXPECT_NE(video.output.find("best: sanaflow train --model sana-video-2b-480p"),
+              std::string::npos)
+        << video.output;
+
+    const auto bad = sf::test::run_command(plan + " --frames 80");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("--frames 80"), std::string::npos) << bad.output;
+}
+
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "model/sana/sana_config.h"
+#include "model/sana_video/sana_video_config.h"
 #include "pipelines/train/train_setup.h"
 
 namespace sf::pipelines::training {
@@ -16,20 +17,23 @@ train::TrainStepOptions plan_start_of_run(const TrainOptions& o, const train::Tr
                                           model::DiffusionTransformer& transformer,
                                           const train::TrainStepOptions& start, int64_t budget,
                                           c10::Device device, std::vector<std::string>& changes) {
-    if (transformer.latent_rank() != 4) {
-        log_info(
-            "train: --auto_fit: the plan before the first step covers the image transformer; "
-            "{} adapts when a step runs out of memory",
-            transformer.class_name());
-        return start;
-    }
     plan::PlanShape shape;
-    shape.config = model::SanaTransformerConfig::from_json(transformer.config_json(),
-                                                           "the transformer's config");
+    const bool video = transformer.latent_rank() == 5;
+    if (video) {
+        shape.video = model::SanaVideoTransformerConfig::from_json(transformer.config_json(),
+                                                                   "the transformer's config");
+    } else {
+        shape.config = model::SanaTransformerConfig::from_json(transformer.config_json(),
+                                                               "the transformer's config");
+    }
     train::Bucket largest;
     for (const auto& [bucket, indices] : set.buckets()) {
-        if (bucket.height * bucket.width > largest.height * largest.width) largest = bucket;
+        if (bucket.frames * bucket.height * bucket.width >
+            largest.frames * largest.height * largest.width)
+            largest = bucket;
     }
+    // The Wan VAE's 4x over frames (1 + 4k frames: one latent frame, then one per four).
+    shape.latent_frames = video ? 1 + (largest.frames - 1) / 4 : 1;
     shape.latent_height = largest.height / set.latent_downsample();
     shape.latent_width = largest.width / set.latent_downsample();
     shape.batch = o.train_batch_size * o.gradient_accumulation_steps;

@@ -13,16 +13,22 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "model/common/lora.h"
-#include "model/sana/sana_transformer.h"
 #include "stages/plan/start_plan.h"
 #include "stages/plan/step_probe.h"
 #include "storage/atomic_file.h"
 
 namespace sf::plan {
 
-std::string calibration_key(const model::SanaTransformerConfig& config, const PlanRemedies& r,
-                            bool lora) {
+std::string calibration_key(const PlanShape& like, const PlanRemedies& r) {
+    const bool lora = like.lora_rank > 0;
+    if (like.video) {
+        const auto& v = *like.video;
+        return fmt::format("video/{}/patch{}x{}x{}{}{}{}{}", r.key(lora), v.patch_size[0],
+                           v.patch_size[1], v.patch_size[2], v.attention_bias ? "/qkv_bias" : "",
+                           v.norm_elementwise_affine ? "/affine" : "",
+                           v.guidance_embeds ? "/guidance" : "", v.qk_norm ? "" : "/no_qk_norm");
+    }
+    const auto& config = like.config;
     return fmt::format("{}/patch{}{}{}{}", r.key(lora), config.patch_size,
                        config.interpolation_scale ? "/pos" : "",
                        config.attention_bias ? "/qkv_bias" : "",
@@ -155,10 +161,11 @@ struct Point {
 
 // Tiny configurations like `base` whose sizes vary independently (seeded: the same points on
 // every run).
-std::vector<Point> points_like(const model::SanaTransformerConfig& base, const PlanRemedies& r,
-                               bool lora, int64_t count) {
+std::vector<Point> points_like(const PlanShape& like, const PlanRemedies& r, int64_t count) {
+    const bool lora = like.lora_rank > 0;
     std::mt19937_64 rng(20261202);
-    std::mt19937_64 swap_rng(20261203);  // apart, so that the other draws are every key's
+    // Apart, so that the other draws are every key's.
+    std::mt19937_64 swap_rng(20261203), frames_rng(20261204);
     auto pick = [&rng](std::initializer_list<int64_t> v) {
         return *(v.begin() + static_cast<int64_t>(rng() % v.size()));
     };
@@ -168,19 +175,30 @@ std::vector<Point> points_like(const model::SanaTransformerConfig& base, const P
     std::vector<Point> out;
     for (int64_t i = 0; i < count; ++i) {
         Point p;
-        auto& c = p.shape.config;
-        c = base;
-        c.num_layers = pick({1, 2, 3});
-        c.num_attention_heads = pick({1, 2, 4, 8});
-        c.attention_head_dim = pick({8, 16});
-        c.num_cross_attention_heads = pick({1, 2, 4, 8});
-        c.cross_attention_head_dim = pick({8, 16});
-        c.cross_attention_dim = c.inner_dim();
-        c.caption_channels = pick({8, 16, 32, 64});
-        c.in_channels = c.out_channels = pick({4, 8, 16});
-        c.sample_size = 8;
-        p.shape.latent_height = between(4, 24) * c.patch_size;
-        p.shape.latent_width = between(4, 24) * c.patch_size;
+        p.shape = like;
+        // The structure's sizes, the same draws for either transformer.
+        auto draw = [&](auto& c, int64_t patch) {
+            c.num_layers = pick({1, 2, 3});
+            c.num_attention_heads = pick({1, 2, 4, 8});
+            c.attention_head_dim = pick({8, 16});
+            c.num_cross_attention_heads = pick({1, 2, 4, 8});
+            c.cross_attention_head_dim = pick({8, 16});
+            c.cross_attention_dim = c.inner_dim();
+            c.caption_channels = pick({8, 16, 32, 64});
+            c.in_channels = c.out_channels = pick({4, 8, 16});
+            c.sample_size = 8;
+            p.shape.latent_height = between(4, 24) * patch;
+            p.shape.latent_width = between(4, 24) * patch;
+        };
+        if (p.shape.video) {
+            auto& v = *p.shape.video;
+            draw(v, v.patch_size[1]);
+            // Windows of 1 to 6 latent frames (the height and width are drawn above).
+            p.shape.latent_frames = (1 + static_cast<int64_t>(frames_rng() % 6)) * v.patch_size[0];
+        } else {
+            draw(p.shape.config, p.shape.config.patch_size);
+        }
+        const Structure st = structure_of(p.shape);
         p.shape.caption_tokens = between(4, 96);
         p.remedies = r;
         p.remedies.accumulation = pick({1, 2});
@@ -190,15 +208,16 @@ std::vector<Point> points_like(const model::SanaTransformerConfig& base, const P
         const int64_t rank = pick({2, 4, 8}), chunk_draw = between(0, 1 << 20),
                       rows_draw = between(0, 1 << 20);
         p.shape.lora_rank = lora ? rank : 0;
-        const int64_t rows = p.shape.latent_height / c.patch_size;
-        const int64_t tokens = rows * (p.shape.latent_width / c.patch_size);
+        const int64_t tokens = st.tokens();
+        // Chunks of rows (image) or frames (video).
+        const int64_t ff_units = st.video ? st.frames : st.rows;
         // Up to half again the tokens and one row more than there are: a third of the points run
         // the self-attention and a few the feed-forward whole, as a chunk that holds them all does.
         if (r.chunked_attention())
             p.remedies.attention_chunk = 2 + chunk_draw % (tokens + tokens / 2);
-        if (r.ff_chunk_size > 0) p.remedies.ff_chunk_size = 1 + rows_draw % rows;
+        if (r.ff_chunk_size > 0) p.remedies.ff_chunk_size = 1 + rows_draw % ff_units;
         if (r.blocks_to_swap > 0)
-            p.remedies.blocks_to_swap = 1 + static_cast<int64_t>(swap_rng() % c.num_layers);
+            p.remedies.blocks_to_swap = 1 + static_cast<int64_t>(swap_rng() % st.layers);
         out.push_back(p);
     }
     return out;
@@ -206,9 +225,9 @@ std::vector<Point> points_like(const model::SanaTransformerConfig& base, const P
 
 }  // namespace
 
-void calibrate(Calibration& into, const model::SanaTransformerConfig& base, const PlanRemedies& r,
-               bool lora, c10::Device device, int64_t points) {
-    const std::string key = calibration_key(base, r, lora);
+void calibrate(Calibration& into, const PlanShape& like, const PlanRemedies& r, c10::Device device,
+               int64_t points) {
+    const std::string key = calibration_key(like, r);
     into.seconds[key].clear();
     std::map<std::string, std::vector<std::vector<double>>> features;
     std::map<std::string, std::vector<double>> targets;
@@ -218,31 +237,20 @@ void calibrate(Calibration& into, const model::SanaTransformerConfig& base, cons
     };
     std::vector<Measured> measured;
     int64_t done = 0;
-    for (const Point& p : points_like(base, r, lora, points)) {
+    for (const Point& p : points_like(like, r, points)) {
         const ParameterCensus census = count_parameters(p.shape);
-        std::shared_ptr<model::DiffusionTransformer> m;
-        {
-            torch::manual_seed(done);
-            model::SanaTransformer t(p.shape.config);
-            if (lora) {
-                model::LoRAConfig l;
-                l.alpha = static_cast<double>(p.shape.lora_rank);
-                l.rank = p.shape.lora_rank;
-                l.targets = p.shape.lora_targets;
-                model::add_lora(*t, l);
-            }
-            t->to(device);
-            m = t.ptr();
-        }
+        const Structure st = structure_of(p.shape);
+        torch::manual_seed(done);
+        const std::shared_ptr<model::DiffusionTransformer> m = build_transformer(p.shape);
+        m->module().to(device);
         ProbeInput in;
-        in.latents = torch::randn({p.shape.batch, p.shape.config.in_channels, p.shape.latent_height,
-                                   p.shape.latent_width});
+        in.latents = torch::randn(latent_sizes(p.shape));
         in.caption_tokens = p.shape.caption_tokens;
-        in.caption_channels = p.shape.config.caption_channels;
+        in.caption_channels = st.caption_channels;
         in.steps = 1;
         in.adamw.eight_bit = r.optimizer == "adamw8bit";
         const ProbeResult result = probe_step(m, in, step_options_of(p.remedies), device);
-        const int64_t layers = p.shape.config.num_layers;
+        const int64_t layers = st.layers;
         const std::vector<double> x =
             step_features(p.shape, p.remedies, device_share(census, p.remedies, layers));
         const Footprint static_part = static_footprint(census, p.remedies, layers);
@@ -381,30 +389,26 @@ CalibrationStore::CalibrationStore(c10::Device device, std::string file, bool re
     cal_ = std::move(c);
 }
 
-PhaseModels CalibrationStore::phases(const model::SanaTransformerConfig& c, const PlanRemedies& r,
-                                     bool lora) {
-    return measured(c, r, lora);
+PhaseModels CalibrationStore::phases(const PlanShape& like, const PlanRemedies& r) {
+    return measured(like, r);
 }
 
-const PhaseModels& CalibrationStore::measured(const model::SanaTransformerConfig& c,
-                                              const PlanRemedies& given, bool lora) {
+const PhaseModels& CalibrationStore::measured(const PlanShape& like, const PlanRemedies& given) {
     const PlanRemedies r = given.calibrated();
-    const std::string key = calibration_key(c, r, lora);
+    const std::string key = calibration_key(like, r);
     if (!cal_.keys.count(key) || (recalibrate_ && !fresh_.count(key))) {
-        calibrate(cal_, c, r, lora, device_, points_);
+        calibrate(cal_, like, r, device_, points_);
         fresh_.insert(key);
     }
     return cal_.keys.at(key);
 }
 
-double CalibrationStore::relative_time(const model::SanaTransformerConfig& c, const PlanRemedies& r,
-                                       bool lora) {
+double CalibrationStore::relative_time(const PlanShape& like, const PlanRemedies& r) {
     PlanRemedies none;
     none.optimizer = r.optimizer;
-    measured(c, none, lora);
-    measured(c, r, lora);
-    return cal_.relative_time(calibration_key(c, r.calibrated(), lora),
-                              calibration_key(c, none, lora));
+    measured(like, none);
+    measured(like, r);
+    return cal_.relative_time(calibration_key(like, r.calibrated()), calibration_key(like, none));
 }
 
 void CalibrationStore::save() const {

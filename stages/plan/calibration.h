@@ -41,15 +41,16 @@ struct Calibration {
     static Calibration from_json(const std::string& text, const std::string& where);
 };
 
-// The key a calibration of `r` on configurations like `config` is kept under.
-std::string calibration_key(const model::SanaTransformerConfig& config, const PlanRemedies& r,
-                            bool lora);
+// The key a calibration of `r` on configurations like `like`'s is kept under: the transformer
+// (image or video), its structural switches, LoRA or not, and r.key().
+std::string calibration_key(const PlanShape& like, const PlanRemedies& r);
 
-// Measures `points` tiny steps like `r` (with LoRA when `lora`) on configurations like `base`
-// (its structural switches: patch size, position embedding, biases) on `device`, fits each
-// phase and stores the result under calibration_key() in `into`. Progress goes to the log.
-void calibrate(Calibration& into, const model::SanaTransformerConfig& base, const PlanRemedies& r,
-               bool lora, c10::Device device, int64_t points = kCalibrationPoints);
+// Measures `points` tiny steps like `r` on configurations like `like`'s (the same transformer
+// and structural switches: patch size, position embedding, biases; LoRA when like.lora_rank > 0)
+// on `device`, fits each phase and stores the result under calibration_key() in `into`. Progress
+// goes to the log.
+void calibrate(Calibration& into, const PlanShape& like, const PlanRemedies& r, c10::Device device,
+               int64_t points = kCalibrationPoints);
 
 // One phase's model: the highest of two planes (k-plane regression: each point to the plane
 // that predicts it higher, each plane refitted on its points, until the split settles; started
@@ -75,16 +76,15 @@ class CalibrationStore {
 public:
     CalibrationStore(c10::Device device, std::string file = "", bool recalibrate = false,
                      int64_t points = kCalibrationPoints);
-    // The fitted phases of `r` on configurations like `c`.
-    PhaseModels phases(const model::SanaTransformerConfig& c, const PlanRemedies& r, bool lora);
+    // The fitted phases of `r` on configurations like `like`'s.
+    PhaseModels phases(const PlanShape& like, const PlanRemedies& r);
     // r's step time over no remedies' on the calibration's points (their median ratio).
-    double relative_time(const model::SanaTransformerConfig& c, const PlanRemedies& r, bool lora);
+    double relative_time(const PlanShape& like, const PlanRemedies& r);
     // Writes the file when something was measured (atomically: a crash leaves the old one).
     void save() const;
 
 private:
-    const PhaseModels& measured(const model::SanaTransformerConfig& c, const PlanRemedies& r,
-                                bool lora);
+    const PhaseModels& measured(const PlanShape& like, const PlanRemedies& r);
     c10::Device device_;
     std::string file_;
     bool recalibrate_;

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
+#include "model/sana_video/sana_video_transformer.h"
 #include "stages/train/quantized_state.h"
 
 namespace sf::plan {
@@ -68,23 +69,78 @@ int64_t ParameterCensus::block_state_bytes(const std::string& optimizer) const {
     return optimizer == "adamw8bit" ? block_adamw8bit_state_bytes : block_adamw_state_bytes;
 }
 
-namespace {
+Structure structure_of(const PlanShape& shape) {
+    Structure st;
+    auto take = [&](const auto& c) {
+        st.layers = c.num_layers;
+        st.inner = c.inner_dim();
+        st.ff = c.ff_hidden_dim();
+        st.heads = c.num_attention_heads;
+        st.cross_heads = c.num_cross_attention_heads;
+        st.cross_inner = c.cross_inner_dim();
+        st.caption_channels = c.caption_channels;
+        st.in_channels = c.in_channels;
+    };
+    if (shape.video) {
+        take(*shape.video);
+        st.video = true;
+        st.patch_frames = shape.video->patch_size[0];
+        st.patch_height = shape.video->patch_size[1];
+        st.patch_width = shape.video->patch_size[2];
+        st.frames = shape.latent_frames / st.patch_frames;
+    } else {
+        take(shape.config);
+        st.patch_height = st.patch_width = shape.config.patch_size;
+    }
+    st.rows = shape.latent_height / st.patch_height;
+    st.row_tokens = shape.latent_width / st.patch_width;
+    return st;
+}
 
-ParameterCensus census_of(const PlanShape& shape, int64_t layers) {
-    model::SanaTransformerConfig c = shape.config;
-    c.num_layers = layers;
-    torch::NoGradGuard no_grad;
-    model::SanaTransformer m(c);
+PlanShape with_layers(PlanShape shape, int64_t layers) {
+    if (shape.video) {
+        shape.video->num_layers = layers;
+    } else {
+        shape.config.num_layers = layers;
+    }
+    return shape;
+}
+
+std::vector<int64_t> latent_sizes(const PlanShape& shape) {
+    const Structure st = structure_of(shape);
+    if (st.video)
+        return {shape.batch, st.in_channels, shape.latent_frames, shape.latent_height,
+                shape.latent_width};
+    return {shape.batch, st.in_channels, shape.latent_height, shape.latent_width};
+}
+
+std::shared_ptr<model::DiffusionTransformer> build_transformer(const PlanShape& shape) {
+    std::shared_ptr<model::DiffusionTransformer> t;
+    if (shape.video) {
+        t = model::SanaVideoTransformer(*shape.video).ptr();
+    } else {
+        t = model::SanaTransformer(shape.config).ptr();
+    }
     if (shape.lora_rank > 0) {
         model::LoRAConfig lora;
         lora.rank = shape.lora_rank;
         lora.alpha = static_cast<double>(shape.lora_rank);
         lora.targets = shape.lora_targets;
-        model::add_lora(*m, lora);
+        model::add_lora(t->module(), lora);
     }
+    return t;
+}
+
+namespace {
+
+ParameterCensus census_of(const PlanShape& shape, int64_t layers) {
+    torch::NoGradGuard no_grad;
+    const std::shared_ptr<model::DiffusionTransformer> t =
+        build_transformer(with_layers(shape, layers));
+    torch::nn::Module& m = t->module();
     ParameterCensus n;
-    for (const auto& p : m->parameters()) n.total += p.numel();
-    for (const auto& [name, p] : model::trainable_parameters(*m)) {
+    for (const auto& p : m.parameters()) n.total += p.numel();
+    for (const auto& [name, p] : model::trainable_parameters(m)) {
         const int64_t e = p.numel();
         n.trainable += e;
         n.largest_trainable = std::max(n.largest_trainable, e);
@@ -99,7 +155,7 @@ ParameterCensus census_of(const PlanShape& shape, int64_t layers) {
 
 ParameterCensus count_parameters(const PlanShape& shape) {
     const ParameterCensus one = census_of(shape, 1), two = census_of(shape, 2);
-    const int64_t more = shape.config.num_layers - 1;
+    const int64_t more = structure_of(shape).layers - 1;
     ParameterCensus n;
     n.total = one.total + more * (two.total - one.total);
     n.trainable = one.trainable + more * (two.trainable - one.trainable);
@@ -139,16 +195,16 @@ const std::vector<std::string> kFeatureNames = {
     "parameters",
     "m x chunk x T x cross heads (chunked cross-attention)",
     "m x chunk x D (chunked self-attention)",
-    "m x (ff rows + 2 halo rows) x row tokens x ff width (chunked feed-forward)",
+    "m x one chunk's tokens (ff rows + 2 halo rows, or ff frames) x ff width (chunked "
+    "feed-forward)",
     "blocks",
 };
 
 std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
                                   const ParameterCensus& census) {
-    const auto& c = shape.config;
-    const int64_t p = c.patch_size;
-    const int64_t rows = shape.latent_height / p, row_tokens = shape.latent_width / p;
-    const int64_t tokens = rows * row_tokens;
+    const Structure c = structure_of(shape);
+    const int64_t rows = c.rows, row_tokens = c.row_tokens;
+    const int64_t tokens = c.tokens();
     const double n = static_cast<double>(tokens);
     // Samples a pass holds: a micro-batch, or its part under --micro_batch_split.
     const int64_t micro = shape.batch / std::max<int64_t>(1, r.accumulation);
@@ -156,26 +212,31 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const double m = static_cast<double>((micro + split - 1) / split);
     const double batch = static_cast<double>(shape.batch);
     const double t = static_cast<double>(shape.caption_tokens);
-    const double d = static_cast<double>(c.inner_dim());
-    const double ff = static_cast<double>(c.ff_hidden_dim());
-    const double hc = static_cast<double>(c.num_cross_attention_heads);
-    const double h = static_cast<double>(c.num_attention_heads);
-    const double blocks = static_cast<double>(c.num_layers);
-    const double ckpt = static_cast<double>(checkpointed_blocks(c.num_layers, r));
+    const double d = static_cast<double>(c.inner);
+    const double ff = static_cast<double>(c.ff);
+    const double hc = static_cast<double>(c.cross_heads);
+    const double h = static_cast<double>(c.heads);
+    const double blocks = static_cast<double>(c.layers);
+    const double ckpt = static_cast<double>(checkpointed_blocks(c.layers, r));
     const double plain = blocks - ckpt;
-    // What the model does with the chunk sizes (sana_blocks.cpp): the cross-attention runs its
-    // chunked kernel at any chunk; the self-attention and the feed-forward run whole when one
-    // chunk would hold every token or row.
+    // What the models do with the chunk sizes (sana_blocks.cpp, sana_video_blocks.cpp): the
+    // cross-attention runs its chunked kernel at any chunk; the image transformer's softmax
+    // self-attention runs whole when one chunk would hold every token (the video transformer's
+    // linear self-attention always does). The feed-forward runs whole when one chunk holds every
+    // row (image: a chunk of rows needs one row of halo on each side) or frame (video: the
+    // temporal convolution runs after the chunks, on the D-wide result).
     const bool chunked = r.chunked_attention();
     const double dense = chunked ? 0.0 : 1.0;
     const double chunk = chunked ? static_cast<double>(std::min(r.attention_chunk, tokens)) : 0.0;
-    const bool self_chunked = chunked && r.attention_chunk < tokens;
+    const bool self_chunked = chunked && !c.video && r.attention_chunk < tokens;
     const double self_whole = self_chunked ? 0.0 : 1.0;
     const double self_chunk = self_chunked ? static_cast<double>(r.attention_chunk) : 0.0;
-    const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < rows;
+    const int64_t ff_units = c.video ? c.frames : rows;
+    const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < ff_units;
     const double ff_whole = ff_chunked ? 0.0 : 1.0;
-    const double ff_rows =
-        ff_chunked ? static_cast<double>(std::min(r.ff_chunk_size + 2, rows)) : 0.0;
+    const int64_t chunk_units =
+        c.video ? r.ff_chunk_size * rows : std::min(r.ff_chunk_size + 2, rows);
+    const double ff_tokens = ff_chunked ? static_cast<double>(chunk_units * row_tokens) : 0.0;
     return {
         1.0,
         plain * m * n * d,
@@ -191,7 +252,7 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
         m * n,
         self_whole * m * n * d,
         ff_whole * m * n * ff,
-        blocks * m * t * static_cast<double>(c.cross_inner_dim()),
+        blocks * m * t * static_cast<double>(c.cross_inner),
         m * t * static_cast<double>(c.caption_channels),
         m * n * static_cast<double>(c.in_channels),
         batch * t * static_cast<double>(c.caption_channels),
@@ -200,7 +261,7 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
         static_cast<double>(census.total),
         m * chunk * t * hc,
         m * self_chunk * d,
-        m * ff_rows * static_cast<double>(row_tokens) * ff,
+        m * ff_tokens * ff,
         blocks,
     };
 }
@@ -249,8 +310,8 @@ Footprint static_footprint(const ParameterCensus& census, const PlanRemedies& r,
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases) {
     const std::vector<double> x =
-        step_features(shape, r, device_share(census, r, shape.config.num_layers));
-    Footprint f = static_footprint(census, r, shape.config.num_layers);
+        step_features(shape, r, device_share(census, r, structure_of(shape).layers));
+    Footprint f = static_footprint(census, r, structure_of(shape).layers);
     for (const auto& [phase, model] : phases) {
         const double rest = model.eval(x);
         const int64_t bytes = f.weights + f.optimizer_state + static_cast<int64_t>(rest);

@@ -1,4 +1,5 @@
-// What one training step of the Sana transformer holds at its peak, predicted from the model's
+// What one training step of a Sana transformer (the image one, SanaTransformer2DModel, or the
+// video one, SanaVideoTransformer3DModel) holds at its peak, predicted from the model's
 // structure: `sanaflow plan` and `--auto_fit` ask it before anything is allocated.
 //
 // The static part is counted exactly from the configuration: the weights (fp32), the gradients
@@ -15,10 +16,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "model/common/diffusion_transformer.h"
 #include "model/sana/sana_config.h"
+#include "model/sana_video/sana_video_config.h"
 
 namespace sf::plan {
 
@@ -55,13 +60,35 @@ struct PlanRemedies {
 int64_t checkpointed_blocks(int64_t num_layers, const PlanRemedies& r);
 
 struct PlanShape {
-    model::SanaTransformerConfig config;
-    int64_t latent_height = 32, latent_width = 32;  // the latent grid (pixels / 32 for DC-AE)
-    int64_t batch = 1;                              // samples per optimizer step
+    model::SanaTransformerConfig config;  // the image transformer's, unless `video` is set
+    // The video transformer (SanaVideoTransformer3DModel) instead: its latents are windows of
+    // `latent_frames` frames.
+    std::optional<model::SanaVideoTransformerConfig> video;
+    int64_t latent_frames = 1;
+    // The latent grid: pixels / 32 for DC-AE, / 8 for the Wan VAE.
+    int64_t latent_height = 32, latent_width = 32;
+    int64_t batch = 1;  // samples per optimizer step
     int64_t caption_tokens = 300;
     int64_t lora_rank = 0;  // 0: full fine-tune
     std::vector<std::string> lora_targets = {"to_q", "to_k", "to_v"};
 };
+
+// The numbers of the transformer that the prediction reads, of whichever the shape holds.
+struct Structure {
+    bool video = false;
+    int64_t layers = 0, inner = 0, ff = 0, heads = 0, cross_heads = 0, cross_inner = 0;
+    int64_t caption_channels = 0, in_channels = 0;
+    int64_t patch_frames = 1, patch_height = 1, patch_width = 1;
+    int64_t frames = 1, rows = 0, row_tokens = 0;  // of patches
+    int64_t tokens() const { return frames * rows * row_tokens; }
+};
+Structure structure_of(const PlanShape& shape);
+// The shape with `layers` blocks (its transformer's other numbers as they are).
+PlanShape with_layers(PlanShape shape, int64_t layers);
+// [batch, C, h, w] for the image transformer, [batch, C, frames, h, w] for the video one.
+std::vector<int64_t> latent_sizes(const PlanShape& shape);
+// The shape's transformer, seeded as it comes (with its LoRA adapters when lora_rank > 0).
+std::shared_ptr<model::DiffusionTransformer> build_transformer(const PlanShape& shape);
 
 // The parameters of a configuration, counted exactly: all, the trainable ones, and AdamW's state.
 struct ParameterCensus {

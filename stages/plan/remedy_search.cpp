@@ -35,11 +35,13 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
     }
     std::vector<std::string> attentions = {given.attention};
     if (varies("attention")) attentions = {"dense", "chunked"};
-    const int64_t rows = s.latent_height / s.config.patch_size;
+    const Structure st = structure_of(s);
     std::vector<int64_t> ff = {given.ff_chunk_size};
     if (varies("ff_chunk_size")) {
         ff = {0};
-        if (rows >= 16) ff.push_back(rows / 8);  // eight chunks
+        // Eight chunks of an image's rows, where there are 16 or more; one frame of a video.
+        if (!st.video && st.rows >= 16) ff.push_back(st.rows / 8);
+        if (st.video && st.frames >= 2) ff.push_back(1);
     }
     std::vector<bool> fused = {given.fused_backward};
     if (varies("fused_backward")) fused = {false, true};
@@ -49,7 +51,7 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
     // Block swap as musubi-tuner uses it, beside checkpointing every block: a quarter, half or
     // all but one of them. (Swap without checkpointing recomputes the swapped blocks only, which
     // would need a calibration of its own for each count.)
-    const int64_t layers = s.config.num_layers;
+    const int64_t layers = st.layers;
     std::vector<int64_t> swaps = {given.blocks_to_swap};
     if (varies("blocks_to_swap")) {
         swaps = {0};
@@ -104,14 +106,13 @@ SearchResult search_remedies(const PlanShape& shape, const PlanRemedies& given,
                 fmt::format("--search: {} is not one of {}", name, fmt::join(known, ", ")));
         }
     }
-    const bool lora = shape.lora_rank > 0;
     const ParameterCensus census = count_parameters(shape);
     SearchResult result;
     for (const PlanRemedies& r : combinations(shape, given, vary)) {
         ++result.tried;
-        Footprint f = predict_footprint(shape, r, census, store.phases(shape.config, r, lora));
+        Footprint f = predict_footprint(shape, r, census, store.phases(shape, r));
         if (f.peak > budget) continue;
-        result.fitting.push_back({r, std::move(f), store.relative_time(shape.config, r, lora)});
+        result.fitting.push_back({r, std::move(f), store.relative_time(shape, r)});
     }
     // What stays on the device first: the host's copies cost transfers the calibration does not
     // measure (its device is the host on a CPU). Then costs within 5% count as equal: then fewer

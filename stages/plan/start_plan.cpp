@@ -40,17 +40,16 @@ train::TrainStepOptions step_options_of(const PlanRemedies& r) {
 StartPlan plan_start(const PlanShape& shape, int64_t micro_batch, train::TrainStepOptions o,
                      const std::string& optimizer, bool offload_optimizer, int64_t budget,
                      CalibrationStore& store) {
-    const bool lora = shape.lora_rank > 0;
     const ParameterCensus census = count_parameters(shape);
     StartPlan plan;
     for (;;) {
         const PlanRemedies r = remedies_of(o, optimizer, offload_optimizer);
-        plan.predicted = predict_footprint(shape, r, census, store.phases(shape.config, r, lora));
+        plan.predicted = predict_footprint(shape, r, census, store.phases(shape, r));
         plan.options = o;
         plan.fits =
             static_cast<double>(plan.predicted.peak) * kStartMargin <= static_cast<double>(budget);
         if (plan.fits) return plan;
-        const auto change = train::relieve(o, micro_batch, /*video=*/false);
+        const auto change = train::relieve(o, micro_batch, shape.video.has_value());
         if (!change) return plan;
         plan.changes.push_back(*change);
     }

@@ -170,13 +170,13 @@ int main(int argc, char** argv) {
             measured = measure(row, device_name);
         }
         const sf::plan::PlanRemedies r = remedies_of(row.variant, row.batch);
-        const std::string key = sf::plan::calibration_key(config, r, false);
-        if (!cal.keys.count(key)) sf::plan::calibrate(cal, config, r, false, device, points);
         sf::plan::PlanShape shape;
         shape.config = config;
         shape.latent_height = shape.latent_width = row.grid;
         shape.batch = row.batch;
         shape.caption_tokens = row.caption_len;
+        const std::string key = sf::plan::calibration_key(shape, r);
+        if (!cal.keys.count(key)) sf::plan::calibrate(cal, shape, r, device, points);
         const auto predicted = sf::plan::predict_footprint(
             shape, r, sf::plan::count_parameters(shape), cal.keys.at(key));
         if (measured == 0) {

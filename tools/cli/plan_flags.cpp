@@ -22,6 +22,11 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
         ->check(integer_in(32, 1 << 20))
         ->capture_default_str();
     cmd->add_option("--bucket", o.bucket, "an aspect bucket WIDTHxHEIGHT in pixels instead");
+    cmd->add_option("--frames", o.frames,
+                    "frames of a video window (1 + 4k), for a video transformer "
+                    "(--model sana-video-2b-480p)")
+        ->check(integer_in(1, 1 << 20))
+        ->capture_default_str();
     cmd->add_option("--train_batch_size", o.train_batch_size, "samples per micro-batch")
         ->check(integer_in(1, 1 << 20))
         ->capture_default_str();
