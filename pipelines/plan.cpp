@@ -33,22 +33,16 @@ std::string config_file(const PlanOptions& o) {
     return fs::exists(sub) ? sub.string() : dir.string();
 }
 
-bool is_video_config(const std::string& file) {
-    const model::ConfigFile f = model::read_config_file(file, "transformer config");
-    const auto it = f.json.find("_class_name");
-    return it != f.json.end() && it->is_string() &&
-           it->get<std::string>() == "SanaVideoTransformer3DModel";
-}
-
 // The transformer and the latent grid of the bucket: DC-AE's 32x downsampling for the image
 // transformer; the Wan VAE's 8x, and 4x over frames (1 + 4k frames), for the video one.
 plan::PlanShape resolve_shape(const PlanOptions& o) {
     plan::PlanShape s;
     const std::string file = config_file(o);
     const auto& video_names = model::SanaVideoTransformerConfig::names();
-    const bool video = file.empty() ? std::find(video_names.begin(), video_names.end(), o.model) !=
-                                          video_names.end()
-                                    : is_video_config(file);
+    const bool video =
+        file.empty()
+            ? std::find(video_names.begin(), video_names.end(), o.model) != video_names.end()
+            : model::config_class(file, "transformer config") == "SanaVideoTransformer3DModel";
     if (video) {
         s.video = file.empty() ? model::SanaVideoTransformerConfig::named(o.model)
                                : model::SanaVideoTransformerConfig::from_json_file(file);
@@ -96,6 +90,41 @@ plan::PlanShape resolve_shape(const PlanOptions& o) {
     s.lora_rank = o.rank;
     s.lora_targets = o.lora_target_modules;
     return s;
+}
+
+// The combinations that fit, cheapest first, and the train command line of the best.
+std::string search_table(const PlanOptions& o, const plan::PlanShape& shape,
+                         const plan::SearchResult& found) {
+    std::string out;
+    out += fmt::format("  {:>12} {:>12} {:>9}  {}\n", "peak", "host", "time",
+                       "flags (micro-batch x accumulation: the same effective batch)");
+    for (size_t i = 0; i < found.fitting.size() && static_cast<int64_t>(i) < o.top; ++i) {
+        const plan::Candidate& c = found.fitting[i];
+        out += fmt::format("  {:>12} {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
+                           format_bytes(c.footprint.peak),
+                           c.footprint.host > 0 ? format_bytes(c.footprint.host) : "-", c.cost,
+                           shape.batch / c.remedies.accumulation, c.remedies.flags());
+    }
+    out +=
+        "time: the step time over no remedies', measured on the calibration's steps; host: what "
+        "block swap and optimizer offload keep in host memory (their copies are not in the time, "
+        "so these rows come last)\n";
+    const std::string model_flag =
+        !o.pretrained_model_name_or_path.empty()
+            ? "--pretrained_model_name_or_path " + o.pretrained_model_name_or_path
+        : !o.transformer_config.empty() ? "--transformer_config " + o.transformer_config
+                                        : "--model " + o.model;
+    const plan::PlanRemedies& best = found.fitting.front().remedies;
+    // A video cache decides its windows: no --resolution for the video transformer.
+    const std::string resolution =
+        shape.video ? ""
+                    : fmt::format(" --resolution {}",
+                                  std::max(shape.latent_width, shape.latent_height) * 32);
+    out += fmt::format("best: sanaflow train {}{} --train_batch_size {} {} {}\n", model_flag,
+                       resolution, shape.batch / best.accumulation,
+                       o.rank > 0 ? fmt::format("--rank {}", o.rank) : "--full_finetune",
+                       best.flags());
+    return out;
 }
 
 }  // namespace
@@ -164,33 +193,7 @@ PlanReport run_plan(const PlanOptions& o) {
             "budget\n";
         return report;
     }
-    out += fmt::format("  {:>12} {:>12} {:>9}  {}\n", "peak", "host", "time",
-                       "flags (micro-batch x accumulation: the same effective batch)");
-    for (size_t i = 0; i < found.fitting.size() && static_cast<int64_t>(i) < o.top; ++i) {
-        const plan::Candidate& c = found.fitting[i];
-        out += fmt::format("  {:>12} {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
-                           format_bytes(c.footprint.peak),
-                           c.footprint.host > 0 ? format_bytes(c.footprint.host) : "-", c.cost,
-                           shape.batch / c.remedies.accumulation, c.remedies.flags());
-    }
-    out +=
-        "time: the step time over no remedies', measured on the calibration's steps; host: what "
-        "block swap and optimizer offload keep in host memory (their copies are not in the time, "
-        "so these rows come last)\n";
-    const std::string model_flag =
-        !o.pretrained_model_name_or_path.empty()
-            ? "--pretrained_model_name_or_path " + o.pretrained_model_name_or_path
-        : !o.transformer_config.empty() ? "--transformer_config " + o.transformer_config
-                                        : "--model " + o.model;
-    const plan::PlanRemedies& best = found.fitting.front().remedies;
-    // A video cache decides its windows: no --resolution for the video transformer.
-    const std::string resolution =
-        st.video ? ""
-                 : fmt::format(" --resolution {}",
-                               std::max(shape.latent_width, shape.latent_height) * 32);
-    out += fmt::format("best: sanaflow train {}{} --train_batch_size {} {} {}\n", model_flag,
-                       resolution, shape.batch / best.accumulation,
-                       lora ? fmt::format("--rank {}", o.rank) : "--full_finetune", best.flags());
+    out += search_table(o, shape, found);
     return report;
 }
 

@@ -76,6 +76,12 @@ ConfigFile read_config_file(const std::string& path, const std::string& what) {
     return out;
 }
 
+std::string config_class(const std::string& path, const std::string& what) {
+    const ConfigFile file = read_config_file(path, what);
+    const auto it = file.json.find("_class_name");
+    return it != file.json.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 ConfigReader::ConfigReader(const json& object, std::string where)
     : ConfigReader(object, std::move(where), "") {
     require_object(object_, where_);

@@ -49,6 +49,10 @@ struct ConfigFile {
 // but cannot be read.
 ConfigFile read_config_file(const std::string& path, const std::string& what);
 
+// The `_class_name` of a config file or directory ("" when it names none), e.g.
+// "SanaVideoTransformer3DModel".
+std::string config_class(const std::string& path, const std::string& what);
+
 // Typed reads of one JSON object's keys. A missing key leaves the output as it is (so it keeps
 // the caller's default, as upstream's constructor defaults do); unknown keys are never looked at;
 // a key of the wrong type, or an integer beyond +-kMaxConfigInteger, is kInvalidArgument:

@@ -46,13 +46,6 @@ std::string transformer_dir(const std::string& path) {
 
 constexpr const char* kVideoClass = "SanaVideoTransformer3DModel";
 
-// The `_class_name` of a transformer config file or directory ("" when it names none).
-std::string config_class(const std::string& path) {
-    const model::ConfigFile file = model::read_config_file(path, "transformer config");
-    const auto it = file.json.find("_class_name");
-    return it != file.json.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
 // The widths a transformer takes must be the widths the cache holds.
 template <typename Config>
 void check_widths(const Config& config, const TrainOptions& o, const train::TrainingSet& set) {
@@ -96,7 +89,8 @@ std::shared_ptr<model::DiffusionTransformer> build_base(const TrainOptions& o,
         source = o.transformer_config + " (seeded)";
         config_file = o.transformer_config;
     }
-    if (!config_file.empty() && (config_class(config_file) == kVideoClass) != video) {
+    if (!config_file.empty() &&
+        (model::config_class(config_file, "transformer config") == kVideoClass) != video) {
         throw Error::InvalidArgument(fmt::format(
             "{} is a {}, but the cache {} holds {}: train the {} on it", config_file,
             video ? "SanaTransformer2DModel (images)" : kVideoClass, o.cache_dir,

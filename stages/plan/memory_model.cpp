@@ -309,9 +309,9 @@ Footprint static_footprint(const ParameterCensus& census, const PlanRemedies& r,
 
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases) {
-    const std::vector<double> x =
-        step_features(shape, r, device_share(census, r, structure_of(shape).layers));
-    Footprint f = static_footprint(census, r, structure_of(shape).layers);
+    const int64_t layers = structure_of(shape).layers;
+    const std::vector<double> x = step_features(shape, r, device_share(census, r, layers));
+    Footprint f = static_footprint(census, r, layers);
     for (const auto& [phase, model] : phases) {
         const double rest = model.eval(x);
         const int64_t bytes = f.weights + f.optimizer_state + static_cast<int64_t>(rest);
