@@ -19,8 +19,10 @@ void use_torch_threads() {
 }
 
 int set_torch_threads(int n) {
-    if (n <= 0) {
-        const char* env = std::getenv("SANAFLOW_THREADS");
+    // OpenMP's own variable is honoured too: at::set_num_threads would otherwise override it.
+    for (const char* name : {"SANAFLOW_THREADS", "OMP_NUM_THREADS"}) {
+        if (n > 0) break;
+        const char* env = std::getenv(name);
         n = env != nullptr ? std::atoi(env) : 0;
     }
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
