@@ -28,6 +28,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 #define SF_TORCH_AT_LEAST(major, minor) \
     (TORCH_VERSION_MAJOR > (major) ||   \
      (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -193,5 +198,17 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
     return at::matmul(at::softmax(scores, -1), v);  // [B, H, Lq, d]
 #endif
 }
+
+// c10d (stages/distributed/): 2.0 split the collectives out of c10d::ProcessGroup into
+// c10d::Backend, which ProcessGroupGloo and ProcessGroupNCCL derive from; the store's wire
+// protocol changed too (a 1.13 client cannot talk to a 2.x TCPStore, such as torchrun's agent
+// store: measured, the 2.x server resets the connection), so a 1.13 build hosts a store of its own.
+#if SF_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+constexpr bool kC10dStoreSpeaksTorch2 = true;
+#else
+using C10dBackend = c10d::ProcessGroup;
+constexpr bool kC10dStoreSpeaksTorch2 = false;
+#endif
 
 }  // namespace sf::compat

@@ -63,10 +63,10 @@ const std::map<std::string, std::set<std::string>> kAllowedTop = {
 // Inside model/ and stages/: which sibling parts a part may include. Every model family may use
 // model/common; nothing else crosses between parts unless listed here.
 const std::map<std::string, std::set<std::string>> kAllowedSiblings = {
-    {"model/sana_video", {"model/sana"}},
-    {"stages/video", {"stages/image"}},
-    {"stages/sample", {"stages/encode"}},  // the VAE as encode/ names and holds it
-    {"stages/plan", {"stages/train"}},     // the planner measures TrainStep's own steps
+    {"model/sana_video", {"model/sana"}},     {"stages/video", {"stages/image"}},
+    {"stages/sample", {"stages/encode"}},      // the VAE as encode/ names and holds it
+    {"stages/plan", {"stages/train"}},         // the planner measures TrainStep's own steps
+    {"stages/distributed", {"stages/train"}},  // it implements train's GradientSync
 };
 
 bool allowed(const std::string& from, const std::string& to) {

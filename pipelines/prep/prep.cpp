@@ -15,6 +15,7 @@
 #include "core/timeline.h"
 #include "model/gemma/text_prompt.h"
 #include "pipelines/prep/prep_phases.h"
+#include "stages/distributed/launch_env.h"
 #include "stages/image/aspect_buckets.h"
 #include "storage/cache_schema.h"
 
@@ -348,6 +349,14 @@ std::string PrepReport::reject_summary(size_t max_groups) const {
 }
 
 PrepReport run_prep(const PrepOptions& options) {
+    if (const auto env = distributed::launch_env(); env.distributed()) {
+        // One writer per LMDB environment: ranks writing one cache would take turns at best.
+        throw Error::InvalidArgument(fmt::format(
+            "prep under a data-parallel launch ({}): sharded prep is not built yet; prep once in "
+            "one process (sanaflow prep, or sanaflow train without the launcher), then launch "
+            "sanaflow train --cache_dir on every rank",
+            env.describe()));
+    }
     using namespace prep;
     const PrepOptions o = with_bucket_table(options);
     validate(o);

@@ -23,6 +23,8 @@
 #include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train_setup.h"
 #include "pipelines/train/validation.h"
+#include "stages/distributed/data_parallel_sync.h"
+#include "stages/distributed/launch_env.h"
 #include "stages/train/auto_fit.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
@@ -49,6 +51,7 @@ int64_t memory_budget(const TrainOptions& o) {
 
 void validate(const TrainOptions& o) {
     memory_budget(o);  // a bad size is refused before any work
+    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
     if (o.optimizer != "adamw" && o.optimizer != "adamw8bit") {
@@ -413,9 +416,14 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
                                              trainer.scaler().scale())
                                : "");
         }
-        if (writes && o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
-            last_checkpoint = save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
-            log_info("train: checkpoint {}", *last_checkpoint);
+        if (o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
+            if (writes) {
+                last_checkpoint =
+                    save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
+                log_info("train: checkpoint {}", *last_checkpoint);
+            }
+            // Complete only when every rank reached it: no rank runs ahead of a checkpoint.
+            trainer.gradient_sync().barrier(fmt::format("the checkpoint at step {}", r.step));
         }
         if (writes && validator.due(r.step)) {
             const training::ValidationResult v =
@@ -430,6 +438,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
 // Everything after the data is open: the model, the optimizer, the steps, the final weights.
 TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
                        const train::TrainingSet& set, Samplers samplers, c10::Device device,
+                       std::shared_ptr<train::GradientSync> sync,
                        std::chrono::steady_clock::time_point t0) {
     auto& memlog = mem::memory_log();
     // Before the model: a prompt missing from the cache is refused before any work.
@@ -467,7 +476,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     train::TrainStep trainer(transformer, trainable, adamw,
                              train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
                                                o.max_train_steps, o.lr_num_cycles, o.lr_power),
-                             start, device);
+                             start, device, std::move(sync));
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
@@ -493,6 +502,10 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     }
     report.first_step = trainer.steps_done();
     const bool writes = trainer.gradient_sync().writes_files();
+    // Every rank starts from rank 0's weights (they are seeded alike; this makes it so).
+    std::vector<at::Tensor> weights;
+    for (const auto& [name, p] : trainable) weights.push_back(p);
+    trainer.gradient_sync().broadcast_parameters(weights);
 
     mem::release_memory(
         "train before the first step");  // what setting up held (checkpoint reads, casts)
@@ -507,6 +520,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
 
     if (writes)
         report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
+    trainer.gradient_sync().barrier("the final weights");
     memlog.mark("train", "end");
     mem::release_memory("train end");
     report.damaged_samples = set.damaged();
@@ -545,6 +559,32 @@ std::string TrainReport::summary() const {
     return out;
 }
 
+// Under torchrun or Slurm (more than one rank): the other ranks joined through c10d, and this
+// rank's device (cuda:LOCAL_RANK on CUDA). One process: no reduction, the device as given.
+struct DataParallel {
+    std::shared_ptr<train::GradientSync> sync;
+    c10::Device device;
+    int world_size = 1;
+};
+
+DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
+    const distributed::LaunchEnv env = distributed::launch_env();
+    if (!env.distributed()) return {nullptr, device, 1};
+    if (o.auto_fit) {
+        throw Error::InvalidArgument(
+            "--auto_fit under a data-parallel launch: a step that runs out of memory on one rank "
+            "only cannot be retried on all of them yet; plan with sanaflow plan instead");
+    }
+    if (device.is_cuda()) device = c10::Device(c10::kCUDA, env.local_rank);
+    distributed::WorldOptions w;
+    w.backend = o.ddp_backend;
+    w.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.ddp_timeout * 1000));
+    auto world = std::make_shared<distributed::World>(env, w, device.is_cuda());
+    // Logs, metrics, validation and checkpoints are rank 0's; the others say only what is wrong.
+    if (env.rank > 0) set_log_level(std::max(log_level(), LogLevel::kWarn));
+    return {std::make_shared<distributed::DataParallelSync>(world), device, env.world_size};
+}
+
 TrainReport run_train(const TrainOptions& options) {
     validate(options);
     const TrainOptions& o = options;  // until the samplers resolve the run's steps
@@ -568,11 +608,16 @@ TrainReport run_train(const TrainOptions& options) {
     if (budget > 0 && !device.is_cpu() && !o.auto_fit)
         log_info("train: --memory_budget on {} is what --auto_fit plans for", device.str());
 
+    const DataParallel ranks = join_data_parallel(o, device);
+    // The sampler draws global micro-batches (--train_batch_size per rank, x ranks), each rank
+    // computing its share: N ranks see what one rank with N times the batch sees.
+    TrainOptions global = options;
+    global.train_batch_size *= ranks.world_size;
     const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
     const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
-    Samplers samplers = make_samplers(o, set);
-    const TrainOptions resolved = resolve_run(options, samplers);  // before samplers move
-    return train_loop(resolved, cache, set, std::move(samplers), device, t0);
+    Samplers samplers = make_samplers(global, set);
+    const TrainOptions resolved = resolve_run(global, samplers);  // before samplers move
+    return train_loop(resolved, cache, set, std::move(samplers), ranks.device, ranks.sync, t0);
 }
 
 }  // namespace sf::pipelines

@@ -42,6 +42,11 @@ struct TrainOptions {
     // budget, past which an allocation is out of memory; with --auto_fit what the plan before
     // the first step fits the run's settings to (stages/plan/start_plan.h).
     std::string memory_budget;
+    // Data parallel (a torchrun or Slurm launch: stages/distributed/launch_env.h): the process
+    // group's backend ("auto": NCCL on CUDA where built, else Gloo) and how long any collective
+    // or the rendezvous may wait, in seconds. --train_batch_size is per rank.
+    std::string ddp_backend = "auto";
+    double ddp_timeout = 1800;
     // The plan's calibration file; "": plan::default_calibration_file.
     std::string plan_calibration;
     int64_t plan_calibration_points = 96;  // plan::kCalibrationPoints: tiny steps per key

@@ -9,11 +9,15 @@
 //     (so communication can overlap the rest of the backward).
 //
 // Accumulation calls neither before the last micro-batch: gradients are reduced once per step.
+// Each rank weights its loss by its share of the global micro-batch (TrainStep), so the reduction
+// is a sum. The step's loss is summed once per step too (reduce_sum), and a run broadcasts rank
+// 0's weights before its first step and meets at a barrier after each checkpoint.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace sf::train {
@@ -24,6 +28,9 @@ public:
 
     virtual void reduce_all(const std::vector<at::Tensor>& /*params*/) {}
     virtual void reduce_one(size_t /*index*/, const at::Tensor& /*param*/) {}
+    virtual double reduce_sum(double value) { return value; }
+    virtual void broadcast_parameters(const std::vector<at::Tensor>& /*params*/) {}
+    virtual void barrier(const std::string& /*what*/) {}
 
     virtual int rank() const { return 0; }
     virtual int world_size() const { return 1; }

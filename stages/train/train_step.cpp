@@ -79,6 +79,20 @@ bool is_out_of_memory(const std::exception& e) {
     return error != nullptr && error->code() == ErrorCode::kOutOfMemory;
 }
 
+RankShare rank_share(int64_t batch, int rank, int world_size) {
+    RankShare s;
+    s.first = batch * rank / world_size;
+    s.count = batch * (rank + 1) / world_size - s.first;
+    if (s.count == 0) {
+        // Fewer samples than ranks (a bucket's last batch): this rank runs one sample at weight
+        // 0, so its backward, and the collectives inside it, still happen.
+        s.first = std::min<int64_t>(s.first, batch - 1);
+        s.count = 1;
+        s.weight = 0.0;
+    }
+    return s;
+}
+
 // The fused backward pass: a post hook on each parameter's gradient accumulator, which runs once
 // the gradient is complete (accumulated), updates that parameter and frees its gradient. This is
 // what PyTorch 2.1's register_post_accumulate_grad_hook does; LibTorch has no public API for it,
@@ -287,17 +301,21 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                 flow_matching_noise(mb.latents, options_.flow, gen, frame_timesteps(mb, gen));
             end_phase(phase);
 
-            // The micro-batch as `split` passes over parts of it (samples and noise drawn for the
-            // whole, as above): each part's loss weighted by its share of the samples, so the
-            // gradients add up to the whole micro-batch's.
+            // The micro-batch as `split` passes over parts of this rank's share of it (samples
+            // and noise drawn for the whole, as above, on every rank alike): each part's loss
+            // weighted by its share of the samples, so the gradients of every part of every rank
+            // add up to the whole micro-batch's.
             const int64_t batch = mb.latents.size(0);
-            const int64_t split = std::min(options_.micro_batch_split, batch);
-            for (int64_t j = 0, first = 0; j < split; ++j) {
-                const int64_t count = (batch - first) / (split - j);
+            const RankShare mine = rank_share(batch, sync_->rank(), sync_->world_size());
+            const int64_t split = std::min(options_.micro_batch_split, mine.count);
+            for (int64_t j = 0, first = mine.first; j < split; ++j) {
+                const int64_t count = (mine.first + mine.count - first) / (split - j);
+                const bool whole = count == batch;
                 auto part = [&](const at::Tensor& t) {
-                    return t.defined() && split > 1 ? t.narrow(0, first, count) : t;
+                    return t.defined() && !whole ? t.narrow(0, first, count) : t;
                 };
-                const double share = static_cast<double>(count) / static_cast<double>(batch);
+                const double share =
+                    mine.weight * static_cast<double>(count) / static_cast<double>(batch);
                 phase = "forward";
                 begin_phase();
                 at::Tensor loss;
@@ -312,7 +330,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                     loss =
                         flow_matching_loss(prediction, part(noised.target),
                                            part(noised.frame_weights), part(noised.loss_weights));
-                    if (split > 1) loss = loss * share;
+                    if (!whole || mine.weight != 1.0) loss = loss * share;
                 }
                 loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
                 if (j + 1 == split) mb = MicroBatch{};  // the inputs autograd does not hold go now
@@ -328,7 +346,8 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
                 first += count;
             }
         }
-        result.loss = loss_sum.item<double>() / static_cast<double>(options_.accumulation);
+        result.loss =
+            sync_->reduce_sum(loss_sum.item<double>()) / static_cast<double>(options_.accumulation);
 
         phase = "optimizer";
         begin_phase();

@@ -81,6 +81,15 @@ struct PhasePeak {
     int64_t rss_bytes = 0;
 };
 
+// The samples of a micro-batch of `batch` that rank `rank` of `world_size` computes: a contiguous
+// run [first, first + count) (every rank draws the whole micro-batch's noise, so N ranks see
+// exactly what one rank with the whole micro-batch sees), its loss weighted by `weight`.
+struct RankShare {
+    int64_t first = 0, count = 0;
+    double weight = 1.0;
+};
+RankShare rank_share(int64_t batch, int rank, int world_size);
+
 // c10::OutOfMemoryError (a CUDA allocation, or the CPU byte budget) or sf::Error kOutOfMemory.
 bool is_out_of_memory(const std::exception& e);
 

@@ -68,6 +68,16 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
                     "the memory the run may take, e.g. 24GiB: on the CPU an allocation past it is "
                     "out of memory; with --auto_fit the run starts with settings predicted to "
                     "fit it");
+    cmd->add_option("--ddp_backend", o.ddp_backend,
+                    "under torchrun or Slurm: the process group of the gradient all-reduce (auto: "
+                    "NCCL on CUDA where this build has it, else Gloo)")
+        ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+        ->capture_default_str();
+    cmd->add_option("--ddp_timeout", o.ddp_timeout,
+                    "under torchrun or Slurm: seconds the rendezvous or any collective may wait "
+                    "before the run stops, naming the rank that is gone")
+        ->check(CLI::Range(1.0, 86400.0 * 7))
+        ->capture_default_str();
     cmd->add_option("--plan_calibration", o.plan_calibration,
                     "the calibration file of --auto_fit's plan (default: "
                     "~/.cache/sanaflow/plan-calibration-DEVICE.json, measured once per device)");

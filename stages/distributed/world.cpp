@@ -1,0 +1,180 @@
+#include "stages/distributed/world.h"
+
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/torch_compat.h"
+
+namespace sf::distributed {
+namespace {
+
+constexpr auto kHeartbeat = std::chrono::milliseconds(500);
+
+std::string heartbeat_key(int rank) { return fmt::format("sanaflow/heartbeat/{}", rank); }
+
+// The port of the store: torchrun's agent store, or this run's own on rank 0 (a 1.13 build cannot
+// speak to a 2.x agent store, so it hosts its own one port above; compat::kC10dStoreSpeaksTorch2).
+int store_port(const LaunchEnv& env) {
+    return env.agent_store && !compat::kC10dStoreSpeaksTorch2 ? env.master_port + 1
+                                                              : env.master_port;
+}
+
+bool hosts_store(const LaunchEnv& env) {
+    return env.rank == 0 && (!env.agent_store || !compat::kC10dStoreSpeaksTorch2);
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect_store(const LaunchEnv& env, bool server, bool counted,
+                                                 std::chrono::milliseconds timeout) {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(store_port(env));
+    o.isServer = server;
+    if (counted) o.numWorkers = static_cast<std::size_t>(env.world_size);
+    o.waitWorkers = counted;  // a client counts itself in, the server waits for all
+    o.timeout = timeout;
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+}
+
+// Gloo's device: the loopback on one machine; with several, the interface GLOO_SOCKET_IFNAME
+// names, else the one this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname)
+        return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    if (env.local_world_size == env.world_size)
+        return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+std::string resolve_backend(const std::string& backend, bool cuda) {
+    if (backend == "gloo") return backend;
+    if (backend == "auto") {
+        if (cuda) log_info("ddp: NCCL is not in this build: Gloo carries the CUDA gradients");
+        return "gloo";
+    }
+    if (backend == "nccl") {
+        throw Error::InvalidArgument(
+            "--ddp_backend nccl: this build has no NCCL process group (use gloo)");
+    }
+    throw Error::InvalidArgument(
+        fmt::format("--ddp_backend {}: unknown (known: auto, gloo, nccl)", backend));
+}
+
+// The store, the process group and the heartbeat thread with its own store connection.
+struct World::Impl {
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    c10::intrusive_ptr<compat::C10dBackend> group;
+    c10::intrusive_ptr<c10d::TCPStore> heartbeat_store;
+    std::thread heartbeat;
+    std::mutex mutex;
+    std::condition_variable stop_cv;
+    bool stop = false;
+
+    void start_heartbeat(int rank) {
+        heartbeat = std::thread([this, rank] {
+            std::unique_lock<std::mutex> lock(mutex);
+            while (!stop) {
+                try {
+                    heartbeat_store->add(heartbeat_key(rank), 1);
+                } catch (const std::exception&) {
+                    return;  // the store is gone; the next collective reports it
+                }
+                stop_cv.wait_for(lock, kHeartbeat, [this] { return stop; });
+            }
+        });
+    }
+    void stop_heartbeat() {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            stop = true;
+        }
+        stop_cv.notify_all();
+        if (heartbeat.joinable()) heartbeat.join();
+    }
+};
+
+World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
+    : env_(env), backend_(resolve_backend(options.backend, cuda)), impl_(std::make_unique<Impl>()) {
+    const std::string where = fmt::format("{}:{}", env.master_addr, store_port(env));
+    try {
+        impl_->store = connect_store(env, hosts_store(env), /*counted=*/true, options.timeout);
+        impl_->heartbeat_store = connect_store(env, false, false, options.timeout);
+        auto o = c10d::ProcessGroupGloo::Options::create();
+        o->devices.push_back(gloo_device(env));
+        o->timeout = options.timeout;
+        impl_->group =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank, env.world_size, o);
+    } catch (const std::exception& e) {
+        throw Error::IOError(fmt::format(
+            "ddp: {} could not join the other ranks through the store at {} within --ddp_timeout "
+            "({} s): {}",
+            env.describe(), where,
+            std::chrono::duration_cast<std::chrono::seconds>(options.timeout).count(), e.what()));
+    }
+    impl_->start_heartbeat(env.rank);
+    log_info("ddp: {} joined ({}, store {})", env.describe(), backend_, where);
+}
+
+World::~World() { impl_->stop_heartbeat(); }
+
+void World::all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) {
+    try {
+        impl_->group->allreduce(tensors)->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
+void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
+    try {
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        impl_->group->broadcast(tensors, o)->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
+void World::barrier(const std::string& what) {
+    try {
+        impl_->group->barrier()->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
+void World::failed(const std::string& what, const std::exception& e) {
+    impl_->stop_heartbeat();
+    // Which ranks are gone: those whose heartbeat stands still over a few beats.
+    std::string gone;
+    try {
+        std::map<int, int64_t> before;
+        for (int r = 0; r < size(); ++r)
+            before[r] = r == rank() ? 0 : impl_->heartbeat_store->add(heartbeat_key(r), 0);
+        std::this_thread::sleep_for(kHeartbeat * 4);
+        std::vector<int> still;
+        for (int r = 0; r < size(); ++r) {
+            if (r != rank() && impl_->heartbeat_store->add(heartbeat_key(r), 0) == before[r])
+                still.push_back(r);
+        }
+        gone = still.empty() ? "every other rank still answers the store"
+                             : fmt::format("rank {} stopped answering (died or hangs)",
+                                           fmt::join(still, ", rank "));
+    } catch (const std::exception&) {
+        gone = env_.agent_store && compat::kC10dStoreSpeaksTorch2
+                   ? "the launcher's store is gone too"
+                   : "rank 0, which hosts the store, is gone";
+    }
+    throw Error::IOError(
+        fmt::format("ddp: {}: {} failed: {}; {}", env_.describe(), what, gone, e.what()));
+}
+
+}  // namespace sf::distributed

@@ -1,0 +1,57 @@
+// The ranks of a data-parallel run, joined through PyTorch's own c10d: a TCPStore for the
+// rendezvous (rank 0 hosts it, or torchrun's agent does) and a process group (Gloo on the CPU,
+// NCCL between GPUs where the build has it) for the collectives.
+//
+// Every collective waits at most --ddp_timeout. When one fails (a rank died: its sockets closed,
+// or it stopped answering) the error names the ranks that are gone: each rank bumps a heartbeat
+// counter in the store every half second from a thread of its own, and the ranks whose counter
+// stood still are the ones named.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stages/distributed/launch_env.h"
+
+namespace sf::distributed {
+
+struct WorldOptions {
+    std::string backend = "auto";  // "gloo", "nccl", or "auto": NCCL on CUDA where built, else Gloo
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // --ddp_timeout
+};
+
+// kInvalidArgument naming the flag for an unknown backend or one this build lacks.
+std::string resolve_backend(const std::string& backend, bool cuda);
+
+class World {
+public:
+    // Connects to the store and the other ranks; kIOError naming the address and the rank when
+    // they do not all arrive within the timeout.
+    World(const LaunchEnv& env, const WorldOptions& options, bool cuda);
+    ~World();
+    World(const World&) = delete;
+    World& operator=(const World&) = delete;
+
+    int rank() const { return env_.rank; }
+    int size() const { return env_.world_size; }
+    const LaunchEnv& env() const { return env_; }
+    const std::string& backend() const { return backend_; }
+
+    // In place, across every rank; `what` names the operation in a failure.
+    void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what);
+    void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);
+    void barrier(const std::string& what);
+
+private:
+    struct Impl;
+    [[noreturn]] void failed(const std::string& what, const std::exception& e);
+    LaunchEnv env_;
+    std::string backend_;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sf::distributed
