@@ -23,7 +23,7 @@ ProbeResult probe_step(const std::shared_ptr<model::DiffusionTransformer>& model
                         o.accumulation));
     }
     train::TrainStep step(model, model::trainable_parameters(model->module()), in.adamw,
-                          train::LRSchedule("constant", 1e-4, 0, 1), o, device);
+                          train::LRSchedule("constant", 1e-4, 0, 1), o, device, in.sync);
     const at::Tensor latents = in.latents.to(device);
     const at::Tensor captions =
         torch::randn({batch, in.caption_tokens, in.caption_channels}).to(device);

@@ -28,6 +28,9 @@ struct ProbeInput {
     int64_t caption_channels = 2304;
     int64_t steps = 1;  // measured steps after the warm-up
     train::AdamWOptions adamw;
+    // The data-parallel reduction (bench_ddp); null for one process. `latents` is then the
+    // global batch, of which this rank computes its share.
+    std::shared_ptr<train::GradientSync> sync;
     // Called before every step, the warm-up included (the ablation's online encoding).
     std::function<void()> before_step;
 };
