@@ -212,6 +212,9 @@ TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrain
                     c.name.c_str(), c.world, c.batch, c.world * c.batch, d);
         EXPECT_LT(d, c.weight_bound);
         EXPECT_FALSE(fs::exists(many + "/checkpoint-1"));
+        // Each rank's memory timeline, rank 0's under the usual name.
+        EXPECT_TRUE(fs::exists(many + "/memory_timeline.json"));
+        EXPECT_TRUE(fs::exists(fmt::format("{}/memory_timeline.rank-{}.json", many, c.world - 1)));
     }
 }
 

@@ -69,6 +69,16 @@ TEST(LaunchEnv, SlurmsVariablesWithTheFirstHostOfTheNodeList) {
     EXPECT_THROW(first_slurm_host("bad[]"), sf::Error);
 }
 
+TEST(LaunchEnv, FilesEveryRankWritesTakeTheRankInTheirName) {
+    LaunchEnv e;
+    EXPECT_EQ(sf::distributed::per_rank_name("memory_timeline.json", e), "memory_timeline.json");
+    e.rank = 2;
+    e.world_size = 3;
+    EXPECT_EQ(sf::distributed::per_rank_name("memory_timeline.json", e),
+              "memory_timeline.rank-2.json");
+    EXPECT_EQ(sf::distributed::per_rank_name("log", e), "log.rank-2");
+}
+
 TEST(LaunchEnv, BadValuesAreRefusedNamingTheVariable) {
     auto message = [](const std::map<std::string, std::string>& vars) {
         try {

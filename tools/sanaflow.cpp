@@ -20,6 +20,7 @@
 #include "pipelines/plan.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
+#include "stages/distributed/launch_env.h"
 #include "tools/cli/flag_check.h"
 #include "tools/cli/flag_values.h"
 #include "tools/cli/plan_flags.h"
@@ -83,7 +84,9 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
     const bool prep_first = !c.prep.instance_data_dir.empty() || !c.prep.manifest.empty();
     // Around prep and train both, so OUTPUT_DIR's timeline shows the whole job.
     const sf::mem::TimelineFile timeline(
-        (fs::path(o.output_dir) / sf::mem::kTimelineFileName).string());
+        (fs::path(o.output_dir) /
+         sf::distributed::per_rank_name(sf::mem::kTimelineFileName, sf::distributed::launch_env()))
+            .string());
     if (prep_first) {
         if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
         PrepOptions p = c.prep;
@@ -105,6 +108,7 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
             "train: --offload: training from a cache loads no encoder, so none is offloaded");
     }
     const auto report = sf::pipelines::run_train(o);
+    if (sf::distributed::launch_env().rank > 0) return 0;  // rank 0 reports for every rank
     std::cout << report.summary();
 #if defined(SANAFLOW_WITH_MEDIA)
     if (!report.weights_path.empty()) {

@@ -592,7 +592,9 @@ TrainReport run_train(const TrainOptions& options) {
     // Written at the end, also when the run fails (the timeline of an out-of-memory run is the
     // one worth reading).
     const mem::TimelineFile timeline_file(
-        (fs::path(o.output_dir) / mem::kTimelineFileName).string());
+        (fs::path(o.output_dir) /
+         distributed::per_rank_name(mem::kTimelineFileName, distributed::launch_env()))
+            .string());
     const c10::Device device = resolve_device(o.device);
     if (o.allow_tf32) {
         at::globalContext().setAllowTF32CuBLAS(true);

@@ -99,6 +99,14 @@ LaunchEnv launch_env(const EnvLookup& get) {
     return e;
 }
 
+std::string per_rank_name(const std::string& name, const LaunchEnv& env) {
+    if (env.rank == 0) return name;
+    const size_t dot = name.rfind('.');
+    const std::string stem = dot == std::string::npos ? name : name.substr(0, dot);
+    const std::string ext = dot == std::string::npos ? "" : name.substr(dot);
+    return fmt::format("{}.rank-{}{}", stem, env.rank, ext);
+}
+
 std::string LaunchEnv::describe() const {
     return fmt::format("rank {} of {} (local {} of {}, {}, store {}:{})", rank, world_size,
                        local_rank, local_world_size, launcher, master_addr, master_port);

@@ -31,6 +31,10 @@ struct LaunchEnv {
 using EnvLookup = std::function<const char*(const char*)>;
 LaunchEnv launch_env(const EnvLookup& get = nullptr);
 
+// A file every rank writes into one folder (the memory timeline): `name` for rank 0 and one
+// process, "stem.rank-N.ext" for rank N, so that the ranks do not overwrite each other's.
+std::string per_rank_name(const std::string& name, const LaunchEnv& env);
+
 // The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03", "a,b" -> "a".
 std::string first_slurm_host(const std::string& nodelist);
 
