@@ -1,7 +1,8 @@
 // Data-parallel training through c10d (Gloo on 127.0.0.1), the ranks started as torchrun starts
 // them (the variables set by hand, and torchrun itself where the project's venv has it): N ranks
-// of micro-batch b train what one rank of micro-batch N*b trains, a 2-rank checkpoint resumes on
-// one rank, and a rank that dies makes the others stop naming it.
+// of micro-batch b train what one rank of micro-batch N*b trains, a 3-rank run killed on one rank
+// resumes bit-identically, a 2-rank checkpoint resumes on one rank, and a rank that dies makes
+// the others stop naming it.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -238,6 +239,32 @@ TEST(TrainDataParallel, ATwoRankCheckpointResumesOnOneRankAtTheSameGlobalBatch) 
     ASSERT_EQ(a.size(), 6u);
     ASSERT_EQ(b.size(), 6u);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << i;
+}
+
+TEST(TrainDataParallel, ThreeRanksKilledAndResumedEndBitIdenticalToAnUninterruptedRun) {
+    TempDir tmp("sf_ddp_kill");
+    const std::vector<std::string> flags = {
+        "--max_train_steps",        "10",     "--checkpointing_steps", "3",
+        "--resume_from_checkpoint", "latest", "--caption_dropout",     "0.3"};
+    const std::string whole = tmp.file("whole"), killed = tmp.file("killed");
+    for (int s : run_ranks(3, train_args(whole, 1, flags), whole + ".log")) ASSERT_EQ(s, 0);
+
+    std::vector<pid_t> pids;
+    run_ranks(3, train_args(killed, 1, flags), killed + ".log", &pids);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline &&
+           !fs::exists(killed + "/checkpoint-6/state.json")) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ::kill(pids[2], SIGKILL);
+    for (pid_t p : pids) sf::test::wait_for(p);  // the others stop: their rank 2 is gone
+    ASSERT_FALSE(fs::exists(killed + "/training_summary.json")) << "the run ended before the kill";
+    for (int s : run_ranks(3, train_args(killed, 1, flags), killed + ".resumed.log"))
+        ASSERT_EQ(s, 0) << sf::test::read_file(killed + ".resumed.log.0");
+
+    EXPECT_EQ(losses_in(killed), losses_in(whole));  // bit for bit
+    EXPECT_EQ(sf::test::read_file(weights_of(killed, false)),
+              sf::test::read_file(weights_of(whole, false)));
 }
 
 TEST(TrainDataParallel, ARankThatDiesMakesTheOthersStopNamingIt) {
