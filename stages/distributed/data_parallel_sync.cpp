@@ -1,6 +1,7 @@
 #include "stages/distributed/data_parallel_sync.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 namespace sf::distributed {
@@ -65,7 +66,7 @@ double DataParallelSync::reduce_sum(double value) {
 }
 
 void DataParallelSync::broadcast_parameters(const std::vector<at::Tensor>& params) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const auto& p : params) {
         std::vector<at::Tensor> t = {p.detach().contiguous()};
         world_->broadcast(t, 0, "the broadcast of rank 0's weights");
