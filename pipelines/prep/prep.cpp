@@ -77,6 +77,14 @@ namespace {
 namespace schema = storage::schema;
 
 void validate(const PrepOptions& o) {
+    if (const auto env = distributed::launch_env(); env.distributed()) {
+        // One writer per LMDB environment: ranks writing one cache would take turns at best.
+        throw Error::InvalidArgument(fmt::format(
+            "prep under a data-parallel launch ({}): sharded prep is not built yet; prep once in "
+            "one process (sanaflow prep, or sanaflow train without the launcher), then launch "
+            "sanaflow train --cache_dir on every rank",
+            env.describe()));
+    }
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.instance_data_dir.empty() && o.manifest.empty()) {
         throw Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
@@ -349,14 +357,6 @@ std::string PrepReport::reject_summary(size_t max_groups) const {
 }
 
 PrepReport run_prep(const PrepOptions& options) {
-    if (const auto env = distributed::launch_env(); env.distributed()) {
-        // One writer per LMDB environment: ranks writing one cache would take turns at best.
-        throw Error::InvalidArgument(fmt::format(
-            "prep under a data-parallel launch ({}): sharded prep is not built yet; prep once in "
-            "one process (sanaflow prep, or sanaflow train without the launcher), then launch "
-            "sanaflow train --cache_dir on every rank",
-            env.describe()));
-    }
     using namespace prep;
     const PrepOptions o = with_bucket_table(options);
     validate(o);
