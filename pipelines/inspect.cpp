@@ -1,15 +1,18 @@
 #include "pipelines/inspect.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 
 #include "core/log.h"
 #include "storage/cache.h"
 #include "storage/cache_reader.h"
 #include "storage/cache_schema.h"
+#include "storage/cache_shards.h"
 #include "storage/fingerprint.h"
 #include "storage/tensor_record.h"
 
@@ -84,9 +87,7 @@ std::string record_summaries(storage::Cache& cache) {
     return out;
 }
 
-}  // namespace
-
-InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
+InspectResult inspect_one(const std::string& cache_dir, bool verify) {
     storage::CacheOptions options;
     options.create = false;
     options.read_only = true;
@@ -139,6 +140,29 @@ InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
         }
         result.ok = report.corrupt == 0;
     }
+    return result;
+}
+
+}  // namespace
+
+InspectResult inspect_cache(const std::string& cache_dir, bool verify) {
+    const std::vector<std::string> shards = storage::cache_shard_dirs(cache_dir);
+    if (shards.size() == 1) return inspect_one(shards.front(), verify);
+    // A sharded prep's cache: each shard in turn, verified alike.
+    InspectResult result;
+    result.text = fmt::format("cache {}: {} shards of a sharded prep\n", cache_dir, shards.size());
+    std::vector<std::string> bad;
+    for (const auto& dir : shards) {
+        const InspectResult one = inspect_one(dir, verify);
+        result.text += "\n" + one.text;
+        if (!one.ok) bad.push_back(std::filesystem::path(dir).filename().string());
+    }
+    if (verify) {
+        result.text += bad.empty()
+                           ? fmt::format("verify: all {} shards ok\n", shards.size())
+                           : fmt::format("verify: corrupt records in {}\n", fmt::join(bad, ", "));
+    }
+    result.ok = bad.empty();
     return result;
 }
 

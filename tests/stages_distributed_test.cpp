@@ -1,12 +1,21 @@
-// The launcher's environment: torchrun's variables, Slurm's, neither; bad values named.
+// The launcher's environment: torchrun's variables, Slurm's, neither; bad values named. ZeRO-1's
+// partition and its collectives between ranks that are threads of this process.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "stages/distributed/launch_env.h"
+#include "stages/distributed/zero_sharding.h"
 #include "stages/train/train_step.h"
+#include "test_util.h"
 
 namespace {
 
@@ -124,6 +133,92 @@ TEST(RankShare, SplitsTheMicroBatchInOrderAndWeightsAnEmptyShareZero) {
             EXPECT_EQ(weights, static_cast<double>(batch));
         }
     }
+}
+
+// Every rank's share is within the largest parameter of an even split, whatever the sizes, and
+// the partition is a function of the sizes alone (every rank computes the same one).
+TEST(ZeroPartition, BalancesBytesWithinTheLargestParameterAndIsTheSameEachTime) {
+    std::mt19937 gen(7);
+    for (int world : {1, 2, 3, 5}) {
+        for (int trial = 0; trial < 20; ++trial) {
+            std::vector<int64_t> bytes(1 + gen() % 60);
+            for (auto& b : bytes) b = 4 * (1 + static_cast<int64_t>(gen() % 5000));
+            const std::vector<int> owners = sf::distributed::partition_by_size(bytes, world);
+            ASSERT_EQ(owners, sf::distributed::partition_by_size(bytes, world));
+            std::vector<int64_t> load(world, 0);
+            for (size_t i = 0; i < bytes.size(); ++i) {
+                ASSERT_GE(owners[i], 0);
+                ASSERT_LT(owners[i], world);
+                load[owners[i]] += bytes[i];
+            }
+            const int64_t total = std::accumulate(bytes.begin(), bytes.end(), int64_t{0});
+            const int64_t largest = *std::max_element(bytes.begin(), bytes.end());
+            for (int64_t l : load) EXPECT_LE(l, total / world + largest) << world;
+        }
+    }
+}
+
+// Two ranks (threads, Gloo on 127.0.0.1): each gradient's sum lands with its owner only, each
+// owner's new weights reach the other rank, and rank 0 gathers every rank's state.
+TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
+    const int port = sf::test::free_port();
+    const std::vector<int64_t> sizes = {40, 24, 20, 3};
+    std::vector<std::vector<bool>> owned(2);
+    std::vector<std::vector<torch::Tensor>> params(2), grads(2);
+    std::vector<std::map<std::string, at::Tensor>> gathered(2);
+    std::vector<std::string> errors(2);
+    auto rank = [&](int r) {
+        try {
+            sf::distributed::LaunchEnv env;
+            env.launcher = "torchrun";
+            env.rank = env.local_rank = r;
+            env.world_size = env.local_world_size = 2;
+            env.master_port = port;
+            sf::distributed::WorldOptions o;
+            o.timeout = std::chrono::seconds(30);
+            auto world = std::make_shared<sf::distributed::World>(env, o, false);
+            sf::distributed::ShardedStateSync sync(world);
+            for (int64_t n : sizes) {
+                params[r].push_back(torch::full({n}, 1.0).requires_grad_());
+                params[r].back().mutable_grad() = torch::full({n}, r + 1.0);
+            }
+            owned[r] = sync.partition(params[r]);
+            sync.reduce_all(params[r]);
+            for (const auto& p : params[r]) grads[r].push_back(p.grad());
+            std::map<std::string, at::Tensor> mine;
+            for (size_t i = 0; i < sizes.size(); ++i) {
+                if (!owned[r][i]) continue;
+                torch::NoGradGuard no_grad;
+                params[r][i].add_(static_cast<double>(i + 1));  // the owner's update
+                mine[std::to_string(i) + ".exp_avg"] = torch::full({sizes[i]}, 10.0 * i + r);
+            }
+            sync.share_updates(params[r]);
+            gathered[r] = sync.gather_state(mine);
+        } catch (const std::exception& e) {
+            errors[r] = e.what();
+        }
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    ASSERT_EQ(errors[0], "");
+    ASSERT_EQ(errors[1], "");
+    std::array<int64_t, 2> bytes = {0, 0};
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        SCOPED_TRACE(i);
+        ASSERT_NE(owned[0][i], owned[1][i]) << "exactly one owner";
+        const int owner = owned[0][i] ? 0 : 1;
+        bytes[owner] += sizes[i];
+        EXPECT_TRUE(torch::equal(grads[owner][i], torch::full({sizes[i]}, 3.0)));
+        EXPECT_FALSE(grads[1 - owner][i].defined());
+        for (int r = 0; r < 2; ++r)
+            EXPECT_TRUE(torch::equal(params[r][i].detach(), torch::full({sizes[i]}, 2.0 + i)));
+        const std::string key = std::to_string(i) + ".exp_avg";
+        ASSERT_EQ(gathered[0].count(key), 1u);
+        EXPECT_TRUE(torch::equal(gathered[0][key], torch::full({sizes[i]}, 10.0 * i + owner)));
+    }
+    EXPECT_EQ(gathered[0].size(), sizes.size());
+    EXPECT_EQ(std::max(bytes[0], bytes[1]), 24 + 20);  // 40 + 3 on the other
 }
 
 }  // namespace

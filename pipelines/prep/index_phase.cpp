@@ -28,7 +28,8 @@ bool is_clip_file(const std::string& path) {
 
 IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                             const std::vector<stages::Sample>& samples, const PrepOptions& o,
-                            storage::CacheWriter& samples_writer, PrepReport& report) {
+                            storage::CacheWriter& samples_writer, PrepReport& report,
+                            const PrepShard& shard) {
     namespace schema = storage::schema;
     IndexResult result;
     std::vector<PlannedSample>& plan = result.plan;
@@ -99,8 +100,9 @@ IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                   })
         .sink("plan", [](std::any&&) {})
         .on_reject([&](const graph::RejectInfo& r) {
-            add_reject(samples_writer, r, report);
             plan[static_cast<size_t>(r.index)].sample.path.clear();  // dropped from later phases
+            if (!shard.owns(r.label)) return;  // another rank's shard records it
+            add_reject(samples_writer, r, report);
             ++result.rejected;
         });
     index.run();

@@ -18,6 +18,7 @@
 #include "stages/distributed/launch_env.h"
 #include "stages/image/aspect_buckets.h"
 #include "storage/cache_schema.h"
+#include "storage/cache_shards.h"
 
 namespace sf::pipelines {
 
@@ -76,16 +77,40 @@ namespace {
 
 namespace schema = storage::schema;
 
-void validate(const PrepOptions& o) {
-    if (const auto env = distributed::launch_env(); env.distributed()) {
-        // One writer per LMDB environment: ranks writing one cache would take turns at best.
-        throw Error::InvalidArgument(fmt::format(
-            "prep under a data-parallel launch ({}): sharded prep is not built yet; prep once in "
-            "one process (sanaflow prep, or sanaflow train without the launcher), then launch "
-            "sanaflow train --cache_dir on every rank",
-            env.describe()));
+// A sharded prep (under a launcher) writes CACHE/shard-R-of-N/ on each rank; one process writes
+// CACHE itself. Neither may write into the other's layout, or a shard count another prep made.
+void check_shard_layout(const std::string& cache_dir, const distributed::LaunchEnv& env) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const bool single = fs::exists(fs::path(cache_dir) / "data.mdb", ec);
+    if (!env.distributed()) {
+        if (!storage::cache_shard_counts(cache_dir).empty()) {
+            throw Error::InvalidArgument(fmt::format(
+                "--cache_dir {} holds the shards of a sharded prep: prep it again under the same "
+                "launcher and number of ranks, or give another --cache_dir",
+                cache_dir));
+        }
+        return;
     }
+    if (single) {
+        throw Error::InvalidArgument(fmt::format(
+            "prep under a data-parallel launch ({}): --cache_dir {} is a cache of one process; a "
+            "sharded prep writes one shard folder per rank: give another --cache_dir, or prep in "
+            "one process",
+            env.describe(), cache_dir));
+    }
+    const std::set<int> counts = storage::cache_shard_counts(cache_dir);
+    if (!counts.empty() && counts != std::set<int>{env.world_size}) {
+        throw Error::InvalidArgument(fmt::format(
+            "prep under a data-parallel launch ({}): --cache_dir {} holds the shards of a prep "
+            "with {} ranks: launch as many ranks, or give another --cache_dir",
+            env.describe(), cache_dir, *counts.begin()));
+    }
+}
+
+void validate(const PrepOptions& o) {
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
+    check_shard_layout(o.cache_dir, distributed::launch_env());
     if (o.instance_data_dir.empty() && o.manifest.empty()) {
         throw Error::InvalidArgument("prep needs --instance_data_dir or --manifest");
     }
@@ -282,6 +307,27 @@ size_t write_manifest(storage::Cache& cache, const std::vector<PlannedSample>& p
     return keys.size();
 }
 
+// A shard whose share of the dataset is empty still lists its (no) samples, so it is complete.
+void write_empty_manifest(storage::Cache& cache) {
+    storage::CacheWriter manifest(cache, schema::kManifestDb, 1);
+    manifest.put(schema::kManifestSamplesKey, schema::manifest_record({}));
+    manifest.flush();
+}
+
+// Drops from `plan` the samples of other shards (by content key) and those the index rejected;
+// returns how many usable samples the whole dataset has.
+size_t keep_share(std::vector<PlannedSample>& plan, const PrepShard& shard) {
+    size_t usable = 0;
+    std::vector<PlannedSample> mine;
+    for (auto& p : plan) {
+        if (p.sample.path.empty()) continue;
+        ++usable;
+        if (shard.owns(p.is_clip ? p.clip_key : p.sample_key)) mine.push_back(std::move(p));
+    }
+    plan = std::move(mine);
+    return usable;
+}
+
 }  // namespace
 }  // namespace prep
 
@@ -358,8 +404,16 @@ std::string PrepReport::reject_summary(size_t max_groups) const {
 
 PrepReport run_prep(const PrepOptions& options) {
     using namespace prep;
-    const PrepOptions o = with_bucket_table(options);
+    PrepOptions o = with_bucket_table(options);
     validate(o);
+    const distributed::LaunchEnv env = distributed::launch_env();
+    const PrepShard shard{env.rank, env.world_size};
+    if (shard.count > 1) {
+        o.cache_dir =
+            (std::filesystem::path(o.cache_dir) / storage::shard_dir_name(shard.rank, shard.count))
+                .string();
+        log_info("prep: {}: this rank's share of the dataset into {}", env.describe(), o.cache_dir);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const mem::TimelineFile timeline_file(
         (std::filesystem::path(o.cache_dir) / mem::kTimelineFileName).string());
@@ -390,16 +444,20 @@ PrepReport run_prep(const PrepOptions& options) {
     check_fingerprints(cache, stages, o);
     storage::CacheWriter samples_writer(cache, schema::kSamplesDb,
                                         static_cast<size_t>(o.commit_batch));
+    int64_t scan_rejected = 0;  // in this shard
     for (const auto& [source, reason] : scan.rejects) {
+        if (!shard.owns(source)) continue;
         samples_writer.add_reject(source, "scan", reason);
         report.add_reject("scan", source, reason);
+        ++scan_rejected;
     }
 
     const auto index_t0 = std::chrono::steady_clock::now();
-    const IndexResult index = [&] {
+    IndexResult index = [&] {
         const mem::Span span("prep", "index");
-        return run_index_phase(stages, cache, scan.samples, o, samples_writer, report);
+        return run_index_phase(stages, cache, scan.samples, o, samples_writer, report, shard);
     }();
+    const size_t usable = keep_share(index.plan, shard);
     std::vector<const PlannedSample*> todo, clips;
     for (const auto& p : index.plan) {
         if (p.sample.path.empty()) continue;
@@ -413,7 +471,7 @@ PrepReport run_prep(const PrepOptions& options) {
     }
     report.stages.push_back({"index", report.scanned, index.rejected, seconds_since(index_t0), 0});
     if (!clips.empty()) check_video_fingerprint(cache, stages, o);
-    report.rejected = static_cast<int64_t>(scan.rejects.size()) + index.rejected;
+    report.rejected = scan_rejected + index.rejected;
 
     if (stages.text) {
         const mem::Span span("prep", "text");
@@ -430,7 +488,14 @@ PrepReport run_prep(const PrepOptions& options) {
         video = run_video_phase(stages, cache, clips, o, samples_writer, report);
     }
     if (write_manifest(cache, index.plan, rejected_keys, video) == 0) {
-        samples_writer.flush();  // the rejects, with their reasons
+        samples_writer.flush();                  // the rejects, with their reasons
+        if (usable > 0 && index.plan.empty()) {  // the other shards have the samples
+            write_empty_manifest(cache);
+            log_warn("prep: {}: none of the {} samples falls in this rank's shard ({} ranks)",
+                     env.describe(), usable, shard.count);
+            report.seconds = seconds_since(t0);
+            return report;
+        }
         const std::string why = report.reject_groups.empty()
                                     ? std::string("; no image or video files found): ")
                                     : "):\n" + report.reject_summary();

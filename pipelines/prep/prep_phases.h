@@ -24,6 +24,7 @@
 #include "stages/image/decode_image.h"
 #include "stages/video/decode_video.h"
 #include "storage/cache.h"
+#include "storage/cache_shards.h"
 #include "storage/cache_writer.h"
 #include "storage/fingerprint.h"
 
@@ -45,6 +46,15 @@ struct PrepStages {
     bool has_vae() const { return vae || video_vae; }
 };
 
+// This rank's part of a sharded prep (a data-parallel launch): the samples whose content key is
+// in its shard, and the rejects whose file is. One process: everything.
+struct PrepShard {
+    int rank = 0, count = 1;
+    bool owns(const std::string& key) const {
+        return count == 1 || storage::shard_of(key, count) == rank;
+    }
+};
+
 // One sample's keys and what the cache lacks of it, from the index phase. A sample the index
 // phase rejected has an empty path and takes no part in later phases.
 struct PlannedSample {
@@ -62,14 +72,15 @@ struct PlannedSample {
 };
 
 // Reads and hashes every scanned sample in parallel; a sample that cannot be read is rejected
-// into `samples_writer` and counted in the returned plan's `rejected` count.
+// (into `samples_writer` and the returned `rejected` count when its file is in `shard`).
 struct IndexResult {
     std::vector<PlannedSample> plan;  // in scan order
     int64_t rejected = 0;
 };
 IndexResult run_index_phase(const PrepStages& stages, storage::Cache& cache,
                             const std::vector<stages::Sample>& samples, const PrepOptions& o,
-                            storage::CacheWriter& samples_writer, PrepReport& report);
+                            storage::CacheWriter& samples_writer, PrepReport& report,
+                            const PrepShard& shard);
 
 // Encodes the captions the cache lacks (each distinct one once) and the empty prompt.
 void run_text_phase(const stages::EncodeTextStage& stage, storage::Cache& cache,

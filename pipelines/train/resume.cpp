@@ -25,7 +25,7 @@ train::TrainState capture_state(const RunParts& run, const std::vector<double>& 
     state.scaler = run.step.scaler().state();
     state.settings = run.settings;
     state.trainable = run.trainable;
-    state.optimizer = run.step.optimizer().state();
+    state.optimizer = run.step.optimizer_state();
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
     state.rng["default"] = global.get_state();
     state.rng["data"] = run.data_gen.get_state();

@@ -25,9 +25,11 @@
 #include "pipelines/train/validation.h"
 #include "stages/distributed/data_parallel_sync.h"
 #include "stages/distributed/launch_env.h"
+#include "stages/distributed/zero_sharding.h"
 #include "stages/train/auto_fit.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
+#include "storage/cache_shards.h"
 
 namespace sf::pipelines {
 namespace fs = std::filesystem;
@@ -221,9 +223,13 @@ std::string save_final_weights(const TrainOptions& o, model::DiffusionTransforme
 
 // A checkpoint of the run; with LoRA it also holds the adapters as the final file does
 // (pytorch_lora_weights.safetensors, alpha / rank baked in), so a pipeline loads any checkpoint.
+// Every rank calls it (a sharded optimizer state is gathered from all of them); rank 0 writes it
+// and returns its directory, the others "".
 std::string save_run_checkpoint(const TrainOptions& o, const training::RunParts& run,
                                 const std::vector<double>& losses, int64_t total_limit) {
     const mem::Span span("train", fmt::format("checkpoint at step {}", run.step.steps_done()));
+    train::TrainState state = training::capture_state(run, losses);
+    if (!run.step.gradient_sync().writes_files()) return {};
     train::CheckpointExtras lora;
     if (o.rank > 0) {
         lora = [&run](const std::string& dir) {
@@ -233,8 +239,7 @@ std::string save_run_checkpoint(const TrainOptions& o, const training::RunParts&
             return std::vector<std::string>{model::kLoraWeightName};
         };
     }
-    return train::save_checkpoint(o.output_dir, training::capture_state(run, losses), total_limit,
-                                  lora);
+    return train::save_checkpoint(o.output_dir, std::move(state), total_limit, lora);
 }
 
 // Outside fp16 loss scaling, a step whose loss or gradient is not finite means the run has
@@ -254,7 +259,7 @@ void stop_if_diverged(const TrainOptions& o, const train::StepResult& r,
 
 // The final weights, written while a checkpoint of the last step exists, so a failure while
 // writing them (a full disk) loses no training; a checkpoint the run did not ask for goes once
-// they are in place.
+// they are in place. Every rank calls it (the checkpoint gathers); rank 0 writes.
 std::string save_final_weights_safely(const TrainOptions& o,
                                       model::DiffusionTransformer& transformer,
                                       const training::RunParts& run,
@@ -263,6 +268,7 @@ std::string save_final_weights_safely(const TrainOptions& o,
     const bool asked = o.checkpointing_steps > 0 && step % o.checkpointing_steps == 0;
     const std::string kept = asked ? train::checkpoint_dir(o.output_dir, step)
                                    : save_run_checkpoint(o, run, losses, /*total_limit=*/0);
+    if (!run.step.gradient_sync().writes_files()) return {};
     std::string path;
     try {
         path = save_final_weights(o, transformer);
@@ -417,10 +423,11 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
                                : "");
         }
         if (o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
+            const std::string dir =
+                save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
             if (writes) {
-                last_checkpoint =
-                    save_run_checkpoint(o, run, report.losses, o.checkpoints_total_limit);
-                log_info("train: checkpoint {}", *last_checkpoint);
+                last_checkpoint = dir;
+                log_info("train: checkpoint {}", dir);
             }
             // Complete only when every rank reached it: no rank runs ahead of a checkpoint.
             trainer.gradient_sync().barrier(fmt::format("the checkpoint at step {}", r.step));
@@ -518,8 +525,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     }
     run_steps(o, set, samplers, run, report, last_checkpoint, sinks, validator);
 
-    if (writes)
-        report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
+    report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
     trainer.gradient_sync().barrier("the final weights");
     memlog.mark("train", "end");
     mem::release_memory("train end");
@@ -569,7 +575,11 @@ struct DataParallel {
 
 DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
     const distributed::LaunchEnv env = distributed::launch_env();
-    if (!env.distributed()) return {nullptr, device, 1};
+    if (!env.distributed()) {
+        if (o.shard_optimizer_state)
+            log_info("train: --shard_optimizer_state has no effect in one process (no launcher)");
+        return {nullptr, device, 1};
+    }
     if (o.auto_fit) {
         throw Error::InvalidArgument(
             "--auto_fit under a data-parallel launch: a step that runs out of memory on one rank "
@@ -582,6 +592,8 @@ DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
     auto world = std::make_shared<distributed::World>(env, w, device.is_cuda());
     // Logs, metrics, validation and checkpoints are rank 0's; the others say only what is wrong.
     if (env.rank > 0) set_log_level(std::max(log_level(), LogLevel::kWarn));
+    if (o.shard_optimizer_state)
+        return {std::make_shared<distributed::ShardedStateSync>(world), device, env.world_size};
     return {std::make_shared<distributed::DataParallelSync>(world), device, env.world_size};
 }
 
@@ -615,8 +627,12 @@ TrainReport run_train(const TrainOptions& options) {
     // computing its share: N ranks see what one rank with N times the batch sees.
     TrainOptions global = options;
     global.train_batch_size *= ranks.world_size;
-    const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
-    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
+    // The cache, or every shard of a sharded prep (whatever this run's world size).
+    std::vector<storage::Cache> shards;
+    for (const auto& dir : storage::cache_shard_dirs(o.cache_dir))
+        shards.push_back(storage::Cache::open(dir, /*create=*/false));
+    const storage::Cache& cache = shards.front();
+    const train::TrainingSet set = train::TrainingSet::open(shards, o.skip_corrupt);
     Samplers samplers = make_samplers(global, set);
     const TrainOptions resolved = resolve_run(global, samplers);  // before samplers move
     return train_loop(resolved, cache, set, std::move(samplers), ranks.device, ranks.sync, t0);

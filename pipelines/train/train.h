@@ -47,6 +47,9 @@ struct TrainOptions {
     // or the rendezvous may wait, in seconds. --train_batch_size is per rank.
     std::string ddp_backend = "auto";
     double ddp_timeout = 1800;
+    // ZeRO-1: each rank keeps and updates 1/N of the optimizer state (stages/distributed/
+    // zero_sharding.h); the weights stay whole on every rank. Checkpoints are the same either way.
+    bool shard_optimizer_state = false;
     // The plan's calibration file; "": plan::default_calibration_file.
     std::string plan_calibration;
     int64_t plan_calibration_points = 96;  // plan::kCalibrationPoints: tiny steps per key

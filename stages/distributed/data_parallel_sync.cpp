@@ -4,49 +4,67 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
-namespace sf::distributed {
-namespace {
+#include <map>
+#include <tuple>
 
-// Sums `grads` (one dtype and device) across the ranks through flat buckets, in place.
-void reduce_bucketed(World& world, const std::vector<at::Tensor>& grads) {
+namespace sf::distributed {
+
+void run_bucketed(const std::vector<at::Tensor>& tensors,
+                  const std::function<void(std::vector<at::Tensor>& flat)>& collective) {
+    c10::NoGradGuard no_grad;
     size_t i = 0;
-    while (i < grads.size()) {
+    while (i < tensors.size()) {
         std::vector<at::Tensor> bucket;
         int64_t bytes = 0;
-        for (; i < grads.size() && (bucket.empty() || bytes < kBucketBytes); ++i) {
-            bucket.push_back(grads[i]);
-            bytes += grads[i].numel() * static_cast<int64_t>(grads[i].element_size());
+        for (; i < tensors.size() && (bucket.empty() || bytes < kBucketBytes); ++i) {
+            bucket.push_back(tensors[i]);
+            bytes += tensors[i].numel() * static_cast<int64_t>(tensors[i].element_size());
         }
         std::vector<at::Tensor> flat = {
             bucket.size() == 1 ? bucket[0].contiguous().view({-1}).clone() : at::cat([&] {
                 std::vector<at::Tensor> views;
-                for (const auto& g : bucket) views.push_back(g.reshape({-1}));
+                for (const auto& t : bucket) views.push_back(t.reshape({-1}));
                 return views;
             }())};
-        world.all_reduce_sum(flat, "the gradient all-reduce");
+        collective(flat);
         int64_t offset = 0;
-        for (const auto& g : bucket) {
-            g.copy_(flat[0].narrow(0, offset, g.numel()).view_as(g));
-            offset += g.numel();
+        for (const auto& t : bucket) {
+            t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+            offset += t.numel();
         }
     }
 }
 
-}  // namespace
+std::vector<TensorGroup> group_alike(const std::vector<at::Tensor>& tensors,
+                                     const std::vector<int>& tags) {
+    std::vector<TensorGroup> groups;
+    std::map<std::tuple<int, at::ScalarType, std::string>, size_t> index;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const int tag = tags.empty() ? 0 : tags[i];
+        const auto key = std::make_tuple(tag, tensors[i].scalar_type(), tensors[i].device().str());
+        auto [it, added] = index.emplace(key, groups.size());
+        if (added) groups.push_back({tag, {}});
+        groups[it->second].tensors.push_back(tensors[i]);
+    }
+    return groups;
+}
 
-void DataParallelSync::reduce_all(const std::vector<at::Tensor>& params) {
-    // Per dtype and device, in parameter order (the same on every rank). A parameter that got
-    // no gradient here takes part as zeros, so every rank sends the same buckets.
-    std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> groups;
-    std::vector<std::pair<at::ScalarType, std::string>> order;
+std::vector<at::Tensor> DataParallelSync::grads_or_zeros(const std::vector<at::Tensor>& params) {
+    std::vector<at::Tensor> grads;
     for (const auto& p : params) {
         at::Tensor& g = const_cast<at::Tensor&>(p).mutable_grad();
         if (!g.defined()) g = at::zeros_like(p);
-        const auto key = std::make_pair(g.scalar_type(), g.device().str());
-        if (groups.find(key) == groups.end()) order.push_back(key);
-        groups[key].push_back(g);
+        grads.push_back(g);
     }
-    for (const auto& key : order) reduce_bucketed(*world_, groups[key]);
+    return grads;
+}
+
+void DataParallelSync::reduce_all(const std::vector<at::Tensor>& params) {
+    for (const auto& group : group_alike(grads_or_zeros(params))) {
+        run_bucketed(group.tensors, [this](std::vector<at::Tensor>& flat) {
+            world_->all_reduce_sum(flat, "the gradient all-reduce");
+        });
+    }
 }
 
 void DataParallelSync::reduce_one(size_t /*index*/, const at::Tensor& param) {

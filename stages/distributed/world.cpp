@@ -143,6 +143,35 @@ void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::str
     }
 }
 
+void World::reduce_sum_to(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
+    try {
+        c10d::ReduceOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        o.rootRank = root;
+        impl_->group->reduce(tensors, o)->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
+void World::send(at::Tensor tensor, int dst, const std::string& what) {
+    try {
+        std::vector<at::Tensor> t = {std::move(tensor)};
+        impl_->group->send(t, dst, /*tag=*/0)->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
+void World::recv(at::Tensor tensor, int src, const std::string& what) {
+    try {
+        std::vector<at::Tensor> t = {std::move(tensor)};
+        impl_->group->recv(t, src, /*tag=*/0)->wait();
+    } catch (const std::exception& e) {
+        failed(what, e);
+    }
+}
+
 void World::barrier(const std::string& what) {
     try {
         impl_->group->barrier()->wait();

@@ -44,6 +44,11 @@ public:
     // In place, across every rank; `what` names the operation in a failure.
     void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what);
     void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);
+    // The sum lands in `root`'s tensors only (the others' are left undefined in content).
+    void reduce_sum_to(std::vector<at::Tensor>& tensors, int root, const std::string& what);
+    // Point to point (CPU tensors with Gloo): `tensor` to rank `dst`, or into it from `src`.
+    void send(at::Tensor tensor, int dst, const std::string& what);
+    void recv(at::Tensor tensor, int src, const std::string& what);
     void barrier(const std::string& what);
 
 private:

@@ -66,6 +66,8 @@ ProbeResult probe_step(const std::shared_ptr<model::DiffusionTransformer>& model
         r.peak_rss_bytes = std::max(r.peak_rss_bytes, peak.rss_bytes);
     }
     r.phase_table = step.phase_table();
+    for (const auto& [name, t] : step.optimizer().state())
+        r.optimizer_state_bytes += t.numel() * static_cast<int64_t>(t.element_size());
     return r;
 }
 

@@ -43,6 +43,7 @@ struct ProbeResult {
     double loss = 0;          // of the last step
     int64_t micro_batch = 0;  // samples per micro-batch
     std::string phase_table;
+    int64_t optimizer_state_bytes = 0;  // this rank's AdamW state after the steps
 };
 
 // Runs the steps of `model` (already on `device`, its trainable parameters marked) with options

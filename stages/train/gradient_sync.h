@@ -12,11 +12,18 @@
 // Each rank weights its loss by its share of the global micro-batch (TrainStep), so the reduction
 // is a sum. The step's loss is summed once per step too (reduce_sum), and a run broadcasts rank
 // 0's weights before its first step and meets at a barrier after each checkpoint.
+//
+// With the optimizer state sharded (ZeRO-1, --shard_optimizer_state) each parameter has one owner
+// rank (partition): the reductions leave the summed gradient with the owner only (the others drop
+// theirs), the owner alone updates it and keeps its AdamW state, and share_updates hands the new
+// weights from each owner to every rank. Checks that need every gradient (the loss scaler's,
+// clipping's global norm) then add up each rank's part (reduce_sum).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,21 @@ public:
     virtual double reduce_sum(double value) { return value; }
     virtual void broadcast_parameters(const std::vector<at::Tensor>& /*params*/) {}
     virtual void barrier(const std::string& /*what*/) {}
+
+    // ZeRO-1: whether each parameter's state lives on one rank only.
+    virtual bool shards_state() const { return false; }
+    // Which of `params` (all trainable parameters, the same list on every rank) this rank
+    // updates; remembered for the reductions. Every one unless the state is sharded.
+    virtual std::vector<bool> partition(const std::vector<at::Tensor>& params) {
+        return std::vector<bool>(params.size(), true);
+    }
+    // After an update: every parameter's new weights from its owner to every rank.
+    virtual void share_updates(const std::vector<at::Tensor>& /*params*/) {}
+    // Every rank's optimizer state (AdamW::state()) gathered into one map, complete on rank 0
+    // (the writer of checkpoints); every rank must call it.
+    virtual std::map<std::string, at::Tensor> gather_state(std::map<std::string, at::Tensor> mine) {
+        return mine;
+    }
 
     virtual int rank() const { return 0; }
     virtual int world_size() const { return 1; }

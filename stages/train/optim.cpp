@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/host_memory.h"
 
@@ -38,7 +39,7 @@ void AdamW::step(double lr) {
 void AdamW::step_one(size_t index, double lr) {
     at::NoGradGuard no_grad;
     at::Tensor& param = params_[index].second;
-    if (!param.grad().defined()) return;
+    if (!param.grad().defined() || !owns(index)) return;
     // Offloaded, the arithmetic below runs on host copies (core/host_memory.h); the weights go
     // back after it. A block swap's weights are in host memory already, and so are their moments.
     at::Tensor p = options_.offload ? mem::to_host(param.detach(), false) : param;
@@ -90,6 +91,14 @@ void AdamW::zero_grad() {
 
 void AdamW::drop_grad(size_t index) { params_[index].second.mutable_grad() = at::Tensor(); }
 
+void AdamW::set_owned(std::vector<bool> owned) {
+    SF_CHECK(owned.size() == params_.size(), "an ownership mask of the wrong length");
+    owned_ = std::move(owned);
+    for (size_t i = 0; i < params_.size(); ++i) {
+        if (!owns(i)) moments_[i] = Moments{};
+    }
+}
+
 std::map<std::string, at::Tensor> AdamW::state() const {
     std::map<std::string, at::Tensor> out;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -116,7 +125,7 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state) {
     for (size_t i = 0; i < params_.size(); ++i) {
         const auto& [name, p] = params_[i];
         auto step = state.find(name + ".step");
-        if (step == state.end()) {
+        if (step == state.end() || !owns(i)) {  // never stepped, or another rank's (ZeRO-1)
             moments_[i] = Moments{};
             continue;
         }
@@ -213,7 +222,8 @@ double LRSchedule::at(int64_t step) const {
     return base_lr_ * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));  // num_cycles 0.5
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::function<double(double)>& sum_over_ranks) {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> norms;
     for (const auto& p : params) {
@@ -222,8 +232,9 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
         const c10::Device where = norms.empty() ? p.device() : norms.front().device();
         norms.push_back(p.grad().norm(2).to(where, at::kFloat));
     }
-    if (norms.empty()) return 0.0;
-    const double total = at::stack(norms).norm(2).item<double>();
+    double total = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
+    if (sum_over_ranks) total = std::sqrt(sum_over_ranks(total * total));
+    if (norms.empty()) return total;
     const double coef = max_norm / (total + 1e-6);
     if (coef < 1.0) {
         for (const auto& p : params) {

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ public:
     void step_one(size_t index, double lr);
     void zero_grad();  // drops the gradients (sets them undefined: no memory kept)
     void drop_grad(size_t index);
+    // ZeRO-1: only the parameters marked true are updated here and keep state (step_one and
+    // load_state leave the others alone); every one by default.
+    void set_owned(std::vector<bool> owned);
+    bool owns(size_t index) const { return owned_.empty() || owned_[index]; }
 
     size_t size() const { return params_.size(); }
     const std::string& name(size_t index) const { return params_[index].first; }
@@ -67,6 +72,7 @@ private:
     };
     std::vector<std::pair<std::string, at::Tensor>> params_;
     std::vector<Moments> moments_;
+    std::vector<bool> owned_;  // empty: all
     AdamWOptions options_;
     int64_t offload_copies_ = 0;
 };
@@ -93,8 +99,10 @@ private:
 };
 
 // torch.nn.utils.clip_grad_norm_: scales every gradient so that their global L2 norm is at most
-// max_norm; returns the norm before clipping (inf or nan when a gradient is not finite).
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// max_norm; returns the norm before clipping (inf or nan when a gradient is not finite). With the
+// gradients spread over ranks (ZeRO-1), `sum_over_ranks` adds up each rank's squared norm.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::function<double(double)>& sum_over_ranks = nullptr);
 
 // Dynamic loss scaling for fp16, as torch.cuda.amp.GradScaler does it: the loss is multiplied by
 // the scale before backward; before the optimizer step the gradients are divided by it and

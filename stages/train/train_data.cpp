@@ -65,12 +65,19 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
     std::string first_damage;
     for (size_t shard = 0; shard < shards.size(); ++shard) {
         storage::Cache c = shards[shard];
+        const auto manifest =
+            storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey);
+        std::vector<std::string> keys;
+        if (manifest) keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
+        // A shard of a sharded prep whose share of the dataset was empty: nothing to read.
+        if (manifest && keys.empty() && shards.size() > 1) continue;
         for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
             if (!c.find_db(db)) {
                 throw Error::NotFound(fmt::format(
                     "cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
             }
         }
+        const size_t index = set.shards_.size();  // in shards_: empty shards are left out
         set.shards_.push_back(std::make_shared<storage::Cache>(c));
         const storage::CacheSnapshot samples =
             storage::CacheReader(c, schema::kSamplesDb).snapshot();
@@ -78,12 +85,8 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
             storage::CacheReader(c, schema::kLatentsDb).snapshot();
         const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
 
-        std::vector<std::string> keys;
         bool from_manifest = true;
-        if (auto manifest =
-                storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey)) {
-            keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
-        } else {
+        if (!manifest) {
             log_warn(
                 "train: cache {} has no manifest (prep before this version?): training on every "
                 "sample record",
@@ -118,7 +121,7 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
                 }
                 continue;
             }
-            TrainingSample s{key, sample->latent_key, sample->text_key, sample->bucket, shard};
+            TrainingSample s{key, sample->latent_key, sample->text_key, sample->bucket, index};
             if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
                 if (from_manifest) {
                     left_out(

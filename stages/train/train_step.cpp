@@ -180,6 +180,7 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
         throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
     adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
+    adamw_->set_owned(sync_->partition(params_));
     model_->set_blocks_to_swap(options_.blocks_to_swap, device_);
     apply_model_remedies();
     model_->module().train();
@@ -351,12 +352,24 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
 
         phase = "optimizer";
         begin_phase();
-        if (!fused_) {
-            sync_->reduce_all(params_);  // the data-parallel point: every rank's gradients alike
-            const bool finite = scaler_.unscale(params_);
-            if (finite && options_.max_grad_norm > 0)
-                result.grad_norm = clip_grad_norm(params_, options_.max_grad_norm);
-            if (finite) adamw_->step(result.lr);
+        if (fused_) {
+            sync_->share_updates(params_);
+        } else {
+            // The data-parallel point: every rank's gradients alike (ZeRO-1: each with its owner).
+            sync_->reduce_all(params_);
+            bool finite = scaler_.unscale(params_);
+            const bool sharded = sync_->shards_state();
+            if (sharded) finite = sync_->reduce_sum(finite ? 0.0 : 1.0) == 0.0;  // all agree
+            if (finite && options_.max_grad_norm > 0) {
+                result.grad_norm =
+                    clip_grad_norm(params_, options_.max_grad_norm,
+                                   sharded ? [this](double v) { return sync_->reduce_sum(v); }
+                                           : std::function<double(double)>());
+            }
+            if (finite) {
+                adamw_->step(result.lr);
+                sync_->share_updates(params_);
+            }
             result.skipped = !finite;
             result.loss_scale = scaler_.scale();
             scaler_.update(!finite);

@@ -122,6 +122,11 @@ public:
     int64_t steps_done() const { return step_; }
     void set_steps_done(int64_t step) { step_ = step; }
     AdamW& optimizer() { return *adamw_; }
+    // The whole optimizer state for a checkpoint: AdamW::state(), gathered from every rank when
+    // it is sharded (complete on rank 0). Every rank must call it.
+    std::map<std::string, at::Tensor> optimizer_state() {
+        return sync_->gather_state(adamw_->state());
+    }
     LossScaler& scaler() { return scaler_; }
     const TrainStepOptions& options() const { return options_; }
     model::DiffusionTransformer& model() { return *model_; }

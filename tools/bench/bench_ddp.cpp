@@ -7,12 +7,15 @@
 //
 // The ranks are this program again, started with torchrun's variables. The last line is
 // ratio=<world-rank step time / 1-rank step time> (the communication and synchronisation the
-// gradient all-reduce adds; target 1.15 or lower), after the optimizer-state bytes per rank.
+// gradient all-reduce adds; target 1.15 or lower), after the same world with the optimizer state
+// sharded (ZeRO-1, stages/distributed/zero_sharding.h): its step time and the optimizer-state
+// bytes each rank holds, measured (AdamW::state() after the steps), against the unsharded.
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -25,6 +28,7 @@
 #include "model/sana/sana_transformer.h"
 #include "stages/distributed/data_parallel_sync.h"
 #include "stages/distributed/launch_env.h"
+#include "stages/distributed/zero_sharding.h"
 #include "stages/plan/step_probe.h"
 #include "tools/bench/bench_configs.h"
 
@@ -33,10 +37,12 @@ namespace {
 struct Args {
     int world = 2;
     int64_t batch = 4, grid = 32, caption_len = 300, steps = 3;
-    std::string out;  // a rank's result file (the ranks only)
+    std::string out;     // a rank's result file (the ranks only)
+    bool shard = false;  // the ranks only: ZeRO-1
 };
 
-// One rank (or the single process): the step, its time into `a.out` from rank 0.
+// One rank (or the single process): the step; its time, loss and optimizer-state bytes into
+// `a.out`.<rank>.
 int run_rank(const Args& a) {
     sf::mem::install_counting_allocator();
     sf::set_torch_threads(1);
@@ -46,7 +52,10 @@ int run_rank(const Args& a) {
     if (env.distributed()) {
         auto world = std::make_shared<sf::distributed::World>(env, sf::distributed::WorldOptions{},
                                                               /*cuda=*/false);
-        in.sync = std::make_shared<sf::distributed::DataParallelSync>(world);
+        if (a.shard)
+            in.sync = std::make_shared<sf::distributed::ShardedStateSync>(world);
+        else
+            in.sync = std::make_shared<sf::distributed::DataParallelSync>(world);
     }
     torch::manual_seed(0);
     const auto config = sf::bench::ablation_config();
@@ -59,23 +68,20 @@ int run_rank(const Args& a) {
     o.mark_steps = 0;
     o.max_grad_norm = 1.0;
     const sf::plan::ProbeResult r = sf::plan::probe_step(model, in, o, torch::kCPU);
-    int64_t trainable = 0;
-    for (const auto& p : model->module().parameters()) trainable += p.numel();
-    if (env.rank == 0) {
-        std::ofstream(a.out) << fmt::format("{} {} {}\n", r.step_seconds, r.loss, 8 * trainable);
-    }
+    std::ofstream(fmt::format("{}.{}", a.out, env.rank))
+        << fmt::format("{} {} {}\n", r.step_seconds, r.loss, r.optimizer_state_bytes);
     return 0;
 }
 
 struct Run {
     double seconds = 0, loss = 0;
-    int64_t state_bytes = 0;
+    int64_t state_bytes = 0;  // the most any rank holds
 };
 
 // `world` ranks of this program (1: one process without the variables).
-Run run_world(const Args& a, int world) {
-    const std::string out = fmt::format("/tmp/bench_ddp.{}.{}", ::getpid(), world);
-    const int port = 29000 + static_cast<int>(::getpid() % 2000) + world;
+Run run_world(const Args& a, int world, bool shard) {
+    const std::string out = fmt::format("/tmp/bench_ddp.{}.{}.{}", ::getpid(), world, shard);
+    const int port = 29000 + static_cast<int>(::getpid() % 2000) + world + (shard ? 8 : 0);
     std::vector<pid_t> pids;
     for (int r = 0; r < world; ++r) {
         const pid_t pid = ::fork();
@@ -96,7 +102,9 @@ Run run_world(const Args& a, int world) {
                                                    "--caption_len",
                                                    std::to_string(a.caption_len),
                                                    "--steps",
-                                                   std::to_string(a.steps)};
+                                                   std::to_string(a.steps),
+                                                   "--shard",
+                                                   shard ? "1" : "0"};
             std::vector<char*> argv;
             for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
             argv.push_back(nullptr);
@@ -112,9 +120,14 @@ Run run_world(const Args& a, int world) {
             throw std::runtime_error(fmt::format("bench_ddp: a rank of {} failed", world));
     }
     Run run;
-    std::ifstream in(out);
-    in >> run.seconds >> run.loss >> run.state_bytes;
-    std::remove(out.c_str());
+    for (int r = 0; r < world; ++r) {
+        const std::string file = fmt::format("{}.{}", out, r);
+        Run rank;
+        std::ifstream(file) >> rank.seconds >> rank.loss >> rank.state_bytes;
+        std::remove(file.c_str());
+        if (r == 0) run = rank;
+        run.state_bytes = std::max(run.state_bytes, rank.state_bytes);
+    }
     return run;
 }
 
@@ -141,6 +154,8 @@ int main(int argc, char** argv) {
             a.steps = std::stoll(value);
         } else if (flag == "--rank_out") {
             a.out = value;
+        } else if (flag == "--shard") {
+            a.shard = value == "1";
         } else {
             std::fprintf(stderr,
                          "bench_ddp: unknown flag %s (known: --world --batch --grid "
@@ -155,15 +170,22 @@ int main(int argc, char** argv) {
                      "bench_ddp: --world at least 2, --batch, --grid, --steps at least 1\n");
         return 2;
     }
-    const Run one = run_world(a, 1), many = run_world(a, a.world);
+    const Run one = run_world(a, 1, false), many = run_world(a, a.world, false),
+              sharded = run_world(a, a.world, true);
     std::printf("grid %lld, batch %lld per rank, 1 thread per rank, median of %lld warm steps\n",
                 static_cast<long long>(a.grid), static_cast<long long>(a.batch),
                 static_cast<long long>(a.steps));
     std::printf("1 rank:  %.3f s/step, loss %.5f\n", one.seconds, one.loss);
     std::printf("%d ranks: %.3f s/step, loss %.5f (%lld samples per step)\n", a.world, many.seconds,
                 many.loss, static_cast<long long>(a.batch * a.world));
-    std::printf("optimizer state per rank: %lld bytes (unsharded: ZeRO-1 is not built yet)\n",
-                static_cast<long long>(many.state_bytes));
+    std::printf("%d ranks, ZeRO-1: %.3f s/step (%.3f of unsharded), loss %.5f\n", a.world,
+                sharded.seconds, sharded.seconds / many.seconds, sharded.loss);
+    std::printf(
+        "optimizer state, the most on a rank: %lld bytes unsharded, %lld with ZeRO-1 (%.3f; "
+        "1/%d = %.3f)\n",
+        static_cast<long long>(many.state_bytes), static_cast<long long>(sharded.state_bytes),
+        static_cast<double>(sharded.state_bytes) / static_cast<double>(many.state_bytes), a.world,
+        1.0 / a.world);
     std::printf("ratio=%.3f\n", many.seconds / one.seconds);
     return 0;
 }

@@ -78,6 +78,10 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
                     "before the run stops, naming the rank that is gone")
         ->check(CLI::Range(1.0, 86400.0 * 7))
         ->capture_default_str();
+    cmd->add_flag("--shard_optimizer_state", o.shard_optimizer_state,
+                  "under torchrun or Slurm: each rank keeps and updates 1/N of the optimizer state "
+                  "(ZeRO stage 1), saving its memory; the weights stay whole on every rank and "
+                  "checkpoints resume on any number of ranks");
     cmd->add_option("--plan_calibration", o.plan_calibration,
                     "the calibration file of --auto_fit's plan (default: "
                     "~/.cache/sanaflow/plan-calibration-DEVICE.json, measured once per device)");
