@@ -186,7 +186,7 @@ TEST(PlanPrediction, PredictsTheVideoTransformerOnALongerWindowThanItWasCalibrat
     all.attention_chunk = 96;  // a frame's tokens
     all.ff_chunk_size = 1;     // one frame at a time
     all.fused_backward = true;
-    CalibrationStore store(torch::kCPU, "", false, 48);
+    CalibrationStore store(torch::kCPU, "", false, 16);
     const ParameterCensus census = count_parameters(s);
     EXPECT_EQ(census.total, model::sana_video_parameter_count(v));
     for (const auto& [name, r] : rows) {

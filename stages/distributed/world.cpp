@@ -126,55 +126,47 @@ World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
 World::~World() { impl_->stop_heartbeat(); }
 
 void World::all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) {
-    try {
-        impl_->group->allreduce(tensors)->wait();
-    } catch (const std::exception& e) {
-        failed(what, e);
-    }
+    guarded(what, [&] { impl_->group->allreduce(tensors)->wait(); });
 }
 
 void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
-    try {
+    guarded(what, [&] {
         c10d::BroadcastOptions o;
         o.rootRank = root;
         impl_->group->broadcast(tensors, o)->wait();
-    } catch (const std::exception& e) {
-        failed(what, e);
-    }
+    });
 }
 
 void World::reduce_sum_to(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
-    try {
+    guarded(what, [&] {
         c10d::ReduceOptions o;
         o.reduceOp = c10d::ReduceOp::SUM;
         o.rootRank = root;
         impl_->group->reduce(tensors, o)->wait();
-    } catch (const std::exception& e) {
-        failed(what, e);
-    }
+    });
 }
 
 void World::send(at::Tensor tensor, int dst, const std::string& what) {
-    try {
+    guarded(what, [&] {
         std::vector<at::Tensor> t = {std::move(tensor)};
         impl_->group->send(t, dst, /*tag=*/0)->wait();
-    } catch (const std::exception& e) {
-        failed(what, e);
-    }
+    });
 }
 
 void World::recv(at::Tensor tensor, int src, const std::string& what) {
-    try {
+    guarded(what, [&] {
         std::vector<at::Tensor> t = {std::move(tensor)};
         impl_->group->recv(t, src, /*tag=*/0)->wait();
-    } catch (const std::exception& e) {
-        failed(what, e);
-    }
+    });
 }
 
 void World::barrier(const std::string& what) {
+    guarded(what, [&] { impl_->group->barrier()->wait(); });
+}
+
+void World::guarded(const std::string& what, const std::function<void()>& op) {
     try {
-        impl_->group->barrier()->wait();
+        op();
     } catch (const std::exception& e) {
         failed(what, e);
     }

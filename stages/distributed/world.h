@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,8 @@ public:
 
 private:
     struct Impl;
+    // Runs a collective; a failure of it names `what` and the ranks that are gone (failed).
+    void guarded(const std::string& what, const std::function<void()>& op);
     [[noreturn]] void failed(const std::string& what, const std::exception& e);
     LaunchEnv env_;
     std::string backend_;
