@@ -52,7 +52,12 @@ TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
     ASSERT_EQ(host.exit_code, 0) << host.output;
     const size_t host_best = host.output.find("best: sanaflow train --model sana-1600m");
     ASSERT_NE(host_best, std::string::npos) << host.output;
-    EXPECT_NE(host.output.find("--blocks_to_swap", host_best), std::string::npos) << host.output;
+    // Which of the two comes first is the measured step times' call (noisy): one of them.
+    const std::string best_line =
+        host.output.substr(host_best, host.output.find('\n', host_best) - host_best);
+    EXPECT_TRUE(best_line.find("--blocks_to_swap") != std::string::npos ||
+                best_line.find("--offload_optimizer") != std::string::npos)
+        << host.output;
     EXPECT_EQ(host.output.find("calibrated full/bf16/ckpt1/swap"), std::string::npos)
         << "block swap beside checkpointing every block is calibrated as checkpointing";
 

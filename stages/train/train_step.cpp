@@ -280,7 +280,6 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
     const mem::Span span("train", fmt::format("step {}", step_ + 1));
     StepResult result;
     result.lr = schedule_.at(step_);
-    const bool autocast = autocast_dtype_ != at::kFloat;
     std::string phase = "data";
     adamw_->zero_grad();  // gradients a previous step kept (keep_gradients) must not accumulate
     try {
@@ -301,80 +300,15 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
             const NoisedBatch noised =
                 flow_matching_noise(mb.latents, options_.flow, gen, frame_timesteps(mb, gen));
             end_phase(phase);
-
-            // The micro-batch as `split` passes over parts of this rank's share of it (samples
-            // and noise drawn for the whole, as above, on every rank alike): each part's loss
-            // weighted by its share of the samples, so the gradients of every part of every rank
-            // add up to the whole micro-batch's.
-            const int64_t batch = mb.latents.size(0);
-            const RankShare mine = rank_share(batch, sync_->rank(), sync_->world_size());
-            const int64_t split = std::min(options_.micro_batch_split, mine.count);
-            for (int64_t j = 0, first = mine.first; j < split; ++j) {
-                const int64_t count = (mine.first + mine.count - first) / (split - j);
-                const bool whole = count == batch;
-                auto part = [&](const at::Tensor& t) {
-                    return t.defined() && !whole ? t.narrow(0, first, count) : t;
-                };
-                const double share =
-                    mine.weight * static_cast<double>(count) / static_cast<double>(batch);
-                phase = "forward";
-                begin_phase();
-                at::Tensor loss;
-                {
-                    model::AutocastGuard guard(
-                        device_.type(), autocast ? autocast_dtype_ : at::kBFloat16, autocast);
-                    const at::Tensor prediction =
-                        model_->forward(part(noised.noisy), part(mb.prompt_embeds),
-                                        part(noised.timesteps), part(mb.prompt_mask));
-                    SF_CHECK(prediction.sizes() == part(noised.target).sizes(),
-                             "the velocity's shape is not the latents'");
-                    loss =
-                        flow_matching_loss(prediction, part(noised.target),
-                                           part(noised.frame_weights), part(noised.loss_weights));
-                    if (!whole || mine.weight != 1.0) loss = loss * share;
-                }
-                loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-                if (j + 1 == split) mb = MicroBatch{};  // the inputs autograd does not hold go now
-                end_phase(phase);
-
-                phase = "backward";
-                begin_phase();
-                const bool last = k + 1 == options_.accumulation && j + 1 == split;
-                if (fused_ && last) fused_->arm(result.lr);
-                scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
-                if (fused_) fused_->disarm();
-                end_phase(phase);
-                first += count;
-            }
+            forward_backward(mb, noised, k + 1 == options_.accumulation, result.lr, loss_sum,
+                             phase);
         }
         result.loss =
             sync_->reduce_sum(loss_sum.item<double>()) / static_cast<double>(options_.accumulation);
 
         phase = "optimizer";
         begin_phase();
-        if (fused_) {
-            sync_->share_updates(params_);
-        } else {
-            // The data-parallel point: every rank's gradients alike (ZeRO-1: each with its owner).
-            sync_->reduce_all(params_);
-            bool finite = scaler_.unscale(params_);
-            const bool sharded = sync_->shards_state();
-            if (sharded) finite = sync_->reduce_sum(finite ? 0.0 : 1.0) == 0.0;  // all agree
-            if (finite && options_.max_grad_norm > 0) {
-                result.grad_norm =
-                    clip_grad_norm(params_, options_.max_grad_norm,
-                                   sharded ? [this](double v) { return sync_->reduce_sum(v); }
-                                           : std::function<double(double)>());
-            }
-            if (finite) {
-                adamw_->step(result.lr);
-                sync_->share_updates(params_);
-            }
-            result.skipped = !finite;
-            result.loss_scale = scaler_.scale();
-            scaler_.update(!finite);
-            if (!options_.keep_gradients) adamw_->zero_grad();
-        }
+        update(result);
         end_phase(phase);
     } catch (const std::exception& e) {
         if (is_out_of_memory(e)) out_of_memory(phase, e.what());
@@ -383,6 +317,79 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
     ++step_;
     result.step = step_;
     return result;
+}
+
+void TrainStep::forward_backward(MicroBatch& mb, const NoisedBatch& noised, bool last_micro_batch,
+                                 double lr, at::Tensor& loss_sum, std::string& phase) {
+    // The micro-batch as `split` passes over parts of this rank's share of it (samples and noise
+    // drawn for the whole, as in step(), on every rank alike): each part's loss weighted by its
+    // share of the samples, so the gradients of every part of every rank add up to the whole
+    // micro-batch's.
+    const bool autocast = autocast_dtype_ != at::kFloat;
+    const int64_t batch = mb.latents.size(0);
+    const RankShare mine = rank_share(batch, sync_->rank(), sync_->world_size());
+    const int64_t split = std::min(options_.micro_batch_split, mine.count);
+    for (int64_t j = 0, first = mine.first; j < split; ++j) {
+        const int64_t count = (mine.first + mine.count - first) / (split - j);
+        const bool whole = count == batch;
+        auto part = [&](const at::Tensor& t) {
+            return t.defined() && !whole ? t.narrow(0, first, count) : t;
+        };
+        const double share = mine.weight * static_cast<double>(count) / static_cast<double>(batch);
+        phase = "forward";
+        begin_phase();
+        at::Tensor loss;
+        {
+            model::AutocastGuard guard(device_.type(), autocast ? autocast_dtype_ : at::kBFloat16,
+                                       autocast);
+            const at::Tensor prediction =
+                model_->forward(part(noised.noisy), part(mb.prompt_embeds), part(noised.timesteps),
+                                part(mb.prompt_mask));
+            SF_CHECK(prediction.sizes() == part(noised.target).sizes(),
+                     "the velocity's shape is not the latents'");
+            loss = flow_matching_loss(prediction, part(noised.target), part(noised.frame_weights),
+                                      part(noised.loss_weights));
+            if (!whole || mine.weight != 1.0) loss = loss * share;
+        }
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+        if (j + 1 == split) mb = MicroBatch{};  // the inputs autograd does not hold go now
+        end_phase(phase);
+
+        phase = "backward";
+        begin_phase();
+        const bool last = last_micro_batch && j + 1 == split;
+        if (fused_ && last) fused_->arm(lr);
+        scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
+        if (fused_) fused_->disarm();
+        end_phase(phase);
+        first += count;
+    }
+}
+
+void TrainStep::update(StepResult& result) {
+    if (fused_) {  // the updates are done: the fused pass made them in the backward
+        sync_->share_updates(params_);
+        return;
+    }
+    // The data-parallel point: every rank's gradients alike (ZeRO-1: each with its owner).
+    sync_->reduce_all(params_);
+    bool finite = scaler_.unscale(params_);
+    const bool sharded = sync_->shards_state();
+    if (sharded) finite = sync_->reduce_sum(finite ? 0.0 : 1.0) == 0.0;  // all agree
+    if (finite && options_.max_grad_norm > 0) {
+        result.grad_norm =
+            clip_grad_norm(params_, options_.max_grad_norm,
+                           sharded ? [this](double v) { return sync_->reduce_sum(v); }
+                                   : std::function<double(double)>());
+    }
+    if (finite) {
+        adamw_->step(result.lr);
+        sync_->share_updates(params_);
+    }
+    result.skipped = !finite;
+    result.loss_scale = scaler_.scale();
+    scaler_.update(!finite);
+    if (!options_.keep_gradients) adamw_->zero_grad();
 }
 
 std::string TrainStep::phase_table() const {

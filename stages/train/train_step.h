@@ -144,6 +144,15 @@ private:
     class FusedUpdate;
     // How this micro-batch's timesteps are laid out (per sample, chunks, image-to-video).
     FrameTimesteps frame_timesteps(const MicroBatch& mb, at::Generator& gen) const;
+    // The forward and backward passes over one micro-batch (in parts under micro_batch_split, on
+    // this rank's share of it), `phase` naming the one running; adds the loss, detached, to
+    // `loss_sum`. The fused pass updates in the backward of the last micro-batch. Frees the
+    // micro-batch's inputs.
+    void forward_backward(MicroBatch& mb, const NoisedBatch& noised, bool last_micro_batch,
+                          double lr, at::Tensor& loss_sum, std::string& phase);
+    // The optimizer phase: gradients reduced, unscaled, clipped, AdamW's update, the updates
+    // shared with the other ranks.
+    void update(StepResult& result);
     void begin_phase();
     void end_phase(const std::string& phase);
     [[noreturn]] void out_of_memory(const std::string& phase, const std::string& what);
