@@ -152,6 +152,32 @@ std::string weights_of(const std::string& out, bool lora) {
                        : "/transformer/diffusion_pytorch_model.safetensors");
 }
 
+struct EqualityCase {
+    std::string name;
+    int world, batch;
+    std::vector<std::string> flags;
+    double loss_bound = 1e-5, weight_bound = 2e-4;
+    bool lora = false;
+};
+
+// The output of one rank's run of `c`'s global batch and flags without --shard_optimizer_state (a
+// sharded launch trains what the unsharded one rank trains), made once per batch and flags; ""
+// when the run failed (its log printed).
+std::string one_rank_reference(const EqualityCase& c, TempDir& tmp,
+                               std::map<std::string, std::string>& made) {
+    std::vector<std::string> unsharded;
+    for (const auto& flag : c.flags)
+        if (flag != "--shard_optimizer_state") unsharded.push_back(flag);
+    std::string key;
+    for (const auto& arg : train_args("", c.world * c.batch, unsharded)) key += arg + " ";
+    if (made.count(key)) return made.at(key);
+    const std::string one = tmp.file(c.name + " one");
+    const int status = sf::test::wait_for(start_with(
+        sf::test::kSanaflow, train_args(one, c.world * c.batch, unsharded), {}, one + ".log"));
+    EXPECT_EQ(status, 0) << sf::test::read_file(one + ".log");
+    return status == 0 ? made[key] = one : std::string();
+}
+
 TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrains) {
     // The bounds are what summing the parts' gradients in another order leaves (measured: fp32
     // losses within 1e-7, weights within 6e-5 of the largest weight; LoRA's B, grown from zero
@@ -159,14 +185,7 @@ TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrain
     // rounding differs, and by how much depends on the CPU's kernels (losses 2.4e-4, weights 3e-2
     // on an Intel CPU; losses 9.6e-3, weights 7.2e-2 on an AMD EPYC without AVX-512); the fused
     // pass updates each weight as its reduced gradient arrives (weights 4.6e-4).
-    struct Case {
-        std::string name;
-        int world, batch;
-        std::vector<std::string> flags;
-        double loss_bound = 1e-5, weight_bound = 2e-4;
-        bool lora = false;
-    };
-    const std::vector<Case> cases = {
+    const std::vector<EqualityCase> cases = {
         {"full", 2, 2, {}},
         {"lora", 2, 2, {"--rank", "4"}, 1e-5, 3e-3, true},
         {"checkpointing, bf16, accumulation",
@@ -191,28 +210,12 @@ TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrain
         {"ZeRO-1, 3 ranks", 3, 1, {"--shard_optimizer_state", "--max_train_steps", "5"}},
     };
     TempDir tmp("sf_ddp_equal");
-    // One rank's run of each global batch and flags, without --shard_optimizer_state: a sharded
-    // launch trains what the unsharded one rank trains (ZeRO-1 shares the cases' references).
-    std::map<std::string, std::string> references;
-    for (const Case& c : cases) {
+    std::map<std::string, std::string> references;  // ZeRO-1 cases share the unsharded ones'
+    for (const EqualityCase& c : cases) {
         SCOPED_TRACE(c.name);
-        std::vector<std::string> unsharded;
-        for (const auto& flag : c.flags)
-            if (flag != "--shard_optimizer_state") unsharded.push_back(flag);
-        std::string reference_key;
-        for (const auto& arg : train_args("", c.world * c.batch, unsharded))
-            reference_key += arg + " ";
+        const std::string one = one_rank_reference(c, tmp, references);
+        ASSERT_FALSE(one.empty()) << "the one-rank reference run failed";
         const std::string many = tmp.file(c.name + " many");
-        if (!references.count(reference_key)) {
-            const std::string one = tmp.file(c.name + " one");
-            ASSERT_EQ(sf::test::wait_for(start_with(sf::test::kSanaflow,
-                                                    train_args(one, c.world * c.batch, unsharded),
-                                                    {}, one + ".log")),
-                      0)
-                << sf::test::read_file(one + ".log");
-            references[reference_key] = one;
-        }
-        const std::string& one = references.at(reference_key);
         const auto status = run_ranks(c.world, train_args(many, c.batch, c.flags), many + ".log");
         for (int r = 0; r < c.world; ++r) {
             ASSERT_EQ(status[r], 0)

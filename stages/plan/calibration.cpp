@@ -159,6 +159,10 @@ struct Point {
     PlanRemedies remedies;
 };
 
+// The largest latent a point draws, in patches per side, and the largest batch (3 samples per
+// micro-batch, accumulation 2).
+constexpr int64_t kMostPatches = 24, kMostBatch = 3 * 2;
+
 // Tiny configurations like `base` whose sizes vary independently (seeded: the same points on
 // every run).
 std::vector<Point> points_like(const PlanShape& like, const PlanRemedies& r, int64_t count) {
@@ -187,8 +191,8 @@ std::vector<Point> points_like(const PlanShape& like, const PlanRemedies& r, int
             c.caption_channels = pick({8, 16, 32, 64});
             c.in_channels = c.out_channels = pick({4, 8, 16});
             c.sample_size = 8;
-            p.shape.latent_height = between(4, 24) * patch;
-            p.shape.latent_width = between(4, 24) * patch;
+            p.shape.latent_height = between(4, kMostPatches) * patch;
+            p.shape.latent_width = between(4, kMostPatches) * patch;
         };
         if (p.shape.video) {
             auto& v = *p.shape.video;
@@ -203,12 +207,14 @@ std::vector<Point> points_like(const PlanShape& like, const PlanRemedies& r, int
         p.remedies.accumulation = pick({1, 2});
         p.shape.batch = pick({1, 2, 3}) * p.remedies.accumulation;
         if (p.shape.video) {
-            // No more tokens in the batch than the largest image point (24 x 24 patches, batch 6):
-            // the longest windows of the widest frames have fewer frames. Such a point took 40 s
-            // in bf16 on a CPU without native bf16 products, as much as all the others together.
+            // No more tokens in the batch than the largest image point's (the most patches and
+            // batch): the longest windows of the widest frames have fewer frames. Such a point took
+            // 40 s in bf16 on a CPU without native bf16 products, as much as all the others
+            // together.
             const Structure frame = structure_of(p.shape);
             const int64_t most =
-                std::max<int64_t>(1, 24 * 24 * 6 / (frame.rows * frame.row_tokens * p.shape.batch));
+                std::max<int64_t>(1, kMostPatches * kMostPatches * kMostBatch /
+                                         (frame.rows * frame.row_tokens * p.shape.batch));
             if (frame.frames > most) p.shape.latent_frames = most * p.shape.video->patch_size[0];
         }
         const Structure st = structure_of(p.shape);
