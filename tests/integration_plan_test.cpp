@@ -12,6 +12,13 @@ namespace {
 using sf::test::kSanaflow;
 using sf::test::TempDir;
 
+// The line "best: sanaflow train ..." of a plan's output ("" when there is none).
+std::string best_line_of(const std::string& output) {
+    const size_t best = output.find("best: sanaflow train --model sana-1600m");
+    if (best == std::string::npos) return "";
+    return output.substr(best, output.find('\n', best) - best);
+}
+
 // The target: a full fine-tune of sana-1600m at 1024 px with checkpointing and bf16 takes
 // more than 24 GiB with fp32 AdamW (its moments alone are 12 GiB); the plan finds the remedies
 // that fit (the 8-bit moments and the fused backward pass), and refuses 12 GiB unless it may keep
@@ -33,9 +40,11 @@ TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
               std::string::npos)
         << fits.output;
     EXPECT_NE(fits.output.find("<- peak"), std::string::npos) << fits.output;
-    const size_t best = fits.output.find("best: sanaflow train --model sana-1600m");
-    ASSERT_NE(best, std::string::npos) << fits.output;
-    EXPECT_NE(fits.output.find("--optimizer adamw8bit", best), std::string::npos) << fits.output;
+    // Both remedies fit alone; which comes first is the measured step times' call (noisy).
+    const std::string best = best_line_of(fits.output);
+    EXPECT_TRUE(best.find("--optimizer adamw8bit") != std::string::npos ||
+                best.find("--fused_backward_pass") != std::string::npos)
+        << fits.output;
     // The given settings alone do not fit: the best one adds a remedy to them.
     EXPECT_EQ(fits.output.find("4 of 4 combinations fit"), std::string::npos) << fits.output;
 
@@ -50,11 +59,8 @@ TEST(Cli, PlanFitsAFullFineTuneOfSana1600mAt1024PixelsInto24GiB) {
         plan_searching("optimizer,fused_backward,blocks_to_swap,offload_optimizer") +
         " --memory_budget 12GiB");
     ASSERT_EQ(host.exit_code, 0) << host.output;
-    const size_t host_best = host.output.find("best: sanaflow train --model sana-1600m");
-    ASSERT_NE(host_best, std::string::npos) << host.output;
     // Which of the two comes first is the measured step times' call (noisy): one of them.
-    const std::string best_line =
-        host.output.substr(host_best, host.output.find('\n', host_best) - host_best);
+    const std::string best_line = best_line_of(host.output);
     EXPECT_TRUE(best_line.find("--blocks_to_swap") != std::string::npos ||
                 best_line.find("--offload_optimizer") != std::string::npos)
         << host.output;
