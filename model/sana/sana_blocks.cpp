@@ -9,6 +9,7 @@
 #include "core/torch_compat.h"
 #include "model/common/checkpoint.h"
 #include "model/common/lora.h"
+#include "model/common/pointwise_conv.h"
 
 namespace sf::model {
 namespace {
@@ -248,10 +249,22 @@ SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
 
 at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int64_t count) {
     // F = the hidden width.
-    at::Tensor y = conv_depth(torch::silu(conv_inverted(window)));  // [B, 2F, rows, w]
-    if (window.size(2) != count) y = y.narrow(2, first, count);     // drop the halo's rows
-    const auto halves = y.chunk(2, 1);                      // value, gate: [B, F, count, w] each
-    return conv_point(halves[0] * torch::silu(halves[1]));  // [B, D, count, w]
+    at::Tensor h = torch::silu(pointwise_conv(conv_inverted, window));  // [B, 2F, rows, w]
+    at::Tensor y;
+    if (window.size(2) == count) {
+        y = conv_depth(h);
+    } else {
+        // A chunk at the image's edge has no halo row there: a zero row of h stands in for it
+        // (what the conv's own padding gives the whole run), so that every window the 3x3 conv
+        // sees has count + 2 >= 3 rows. On fewer, oneDNN's depthwise conv of channels-last input
+        // (h is: pointwise_conv's) takes a path whose scratchpad is megabytes whatever the size
+        // (3 MB at 320 channels, 4.6 MB in bf16, on 1 or 2 rows of any width).
+        const int64_t below = window.size(2) - first - count;
+        h = at::constant_pad_nd(h, {0, 0, 1 - first, 1 - below}, 0.0);
+        y = conv_depth(h).narrow(2, 1, count);  // drop the halo's rows
+    }
+    const auto halves = y.chunk(2, 1);  // value, gate: [B, F, count, w] each
+    return pointwise_conv(conv_point, halves[0] * torch::silu(halves[1]));  // [B, D, count, w]
 }
 
 at::Tensor SanaGLUMBConvImpl::forward(const at::Tensor& x) {

@@ -149,8 +149,9 @@ TORCH_MODULE(SanaCrossAttention);
 // grad mode (model/common/checkpoint.h): the 2h-wide hidden activations exist for k rows at once,
 // in the forward and again in the backward, and none is kept between them. The 3x3 conv of rows
 // [r, r + k) reads rows r - 1 and r + k, so each chunk takes them as a halo and drops their
-// output (k + 2 rows computed for k); at the image's edge the conv's zero padding stands in for
-// them as in the whole run. The result and the gradients are those of the unchunked run.
+// output (k + 2 rows computed for k); at the image's edge a zero row of the hidden activations
+// stands in for the missing one, as the conv's zero padding does in the whole run. The result and
+// the gradients are those of the unchunked run.
 struct SanaGLUMBConvImpl : torch::nn::Module {
     SanaGLUMBConvImpl(int64_t dim, int64_t hidden);
     at::Tensor forward(const at::Tensor& x);  // [B, D, h, w] -> [B, D, h, w]

@@ -10,6 +10,7 @@
 
 #include "model/common/checkpoint.h"
 #include "model/common/lora.h"
+#include "model/common/pointwise_conv.h"
 
 namespace sf::model {
 namespace {
@@ -120,9 +121,10 @@ SanaVideoFeedForwardImpl::SanaVideoFeedForwardImpl(int64_t dim, int64_t hidden) 
 }
 
 at::Tensor SanaVideoFeedForwardImpl::per_frame(const at::Tensor& frames) {
-    const at::Tensor y = conv_depth(torch::silu(conv_inverted(frames)));  // [n, 2F, h, w]
+    const at::Tensor y =
+        conv_depth(torch::silu(pointwise_conv(conv_inverted, frames)));  // [n, 2F, h, w]
     const auto halves = y.chunk(2, 1);
-    return conv_point(halves[0] * torch::silu(halves[1]));  // [n, D, h, w]
+    return pointwise_conv(conv_point, halves[0] * torch::silu(halves[1]));  // [n, D, h, w]
 }
 
 at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGrid& g) {
