@@ -186,7 +186,9 @@ TEST(PlanPrediction, PredictsTheVideoTransformerOnALongerWindowThanItWasCalibrat
     all.attention_chunk = 96;  // a frame's tokens
     all.ff_chunk_size = 1;     // one frame at a time
     all.fused_backward = true;
-    CalibrationStore store(torch::kCPU, "", false, 16);
+    // 48 points, more than the model has terms (25): at 16 the fit was free enough to be 13-18%
+    // off here on some CPUs (AMX, LibTorch 2.x) while every point fitted within 13%.
+    CalibrationStore store(torch::kCPU, "", false, 48);
     const ParameterCensus census = count_parameters(s);
     EXPECT_EQ(census.total, model::sana_video_parameter_count(v));
     for (const auto& [name, r] : rows) {
