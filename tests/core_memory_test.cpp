@@ -206,6 +206,24 @@ TEST(MemoryPool, NeverHoldsMoreThanThePeakOfLiveBlocks) {
     sf::mem::empty_cache();
 }
 
+TEST(MemoryPool, AFarSmallerTensorTakesTheHeadOfAPooledBlockAndItsTailIsUnmapped) {
+    sf::mem::empty_cache();
+    void* first = nullptr;
+    {
+        auto a = torch::ones({32 << 20}, torch::kUInt8);  // 32 MiB, touched, pooled on free
+        first = a.data_ptr();
+    }
+    ASSERT_GE(sf::mem::cpu_pooled_bytes(), 32 << 20);
+    const int64_t rss = sf::mem::rss_bytes();
+    {
+        auto b = torch::ones({4 << 20}, torch::kUInt8);  // an eighth: no close fit
+        EXPECT_EQ(b.data_ptr(), first);  // the block's head, resident already: no page faults
+        EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
+        EXPECT_LE(sf::mem::rss_bytes(), rss - (24 << 20));  // the tail's pages went back
+    }
+    sf::mem::empty_cache();
+}
+
 TEST(MemoryPool, ReleaseAtAPhaseBoundaryEmptiesThePool) {
     sf::mem::empty_cache();
     { auto t = torch::empty({5 << 20}, torch::kUInt8); }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "model/common/autocast.h"
 #include "model/common/weights.h"
 #include "model/sana/sana_config.h"
 #include "model/sana/sana_transformer.h"
@@ -285,10 +286,11 @@ TEST(SanaTransformer, ChunkedFeedForwardGivesTheSameResultsWithLessMemory) {
         plain_out = model(x, caption, torch::full({2}, 400.0));
     }
     // One row (a halo on both sides of every chunk), chunks that leave a remainder, a chunk as
-    // tall as the latent (no chunking), alone and inside a checkpointed block.
+    // tall as the latent (no chunking), alone, inside checkpointed blocks (whose recompute
+    // computes no value of the chunked feed-forward) and beside them.
     std::map<int64_t, int64_t> peak_of;  // chunk rows -> peak, not checkpointed
-    for (const auto& [rows, every] :
-         std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {3, 0}, {5, 0}, {13, 0}, {3, 1}}) {
+    for (const auto& [rows, every] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 0}, {3, 0}, {5, 0}, {13, 0}, {3, 1}, {2, 2}}) {
         const std::string what =
             "chunk " + std::to_string(rows) + ", checkpointing " + std::to_string(every);
         model->set_feed_forward_chunk(rows);
@@ -308,6 +310,29 @@ TEST(SanaTransformer, ChunkedFeedForwardGivesTheSameResultsWithLessMemory) {
             std::printf("[ memory   ] peak %lld bytes plain, %lld with 3-row chunks\n",
                         static_cast<long long>(plain.peak), static_cast<long long>(g.peak));
             EXPECT_LT(g.peak, plain.peak * 17 / 20) << "the 2.5x-wide hidden is kept whole";
+        }
+    }
+    // Under bf16 autocast, checkpointed or not: every weight gets its gradient through the
+    // chunks' recompute (the forward must not leave it a cached bf16 copy without grad_fn), as
+    // close to the whole run's as bf16 allows.
+    for (const int64_t every : {0, 1}) {
+        model->set_gradient_checkpointing(every);
+        model->set_feed_forward_chunk(0);
+        StepGrads whole, chunked;
+        {
+            sf::model::AutocastGuard bf16(c10::DeviceType::CPU, at::kBFloat16);
+            whole = image_step(model, x, caption);
+        }
+        model->set_feed_forward_chunk(3);
+        {
+            sf::model::AutocastGuard bf16(c10::DeviceType::CPU, at::kBFloat16);
+            chunked = image_step(model, x, caption);
+        }
+        const std::string what = "bf16, checkpointing " + std::to_string(every);
+        expect_close(chunked.input, whole.input, 2e-2, 1e-4, "input gradient, " + what);
+        for (const auto& [name, grad] : whole.params) {
+            ASSERT_TRUE(chunked.params.at(name).defined()) << name << ", " << what;
+            expect_close(chunked.params.at(name), grad, 2e-2, 1e-4, "grad." + name + ", " + what);
         }
     }
     // Smaller chunks hold less, the edges' too: there a zero row stands in for the missing halo,

@@ -70,4 +70,10 @@ int autocast_nesting() {
     return level - 1;
 }
 
+CastCacheOff::CastCacheOff() : previous_(at::autocast::is_autocast_cache_enabled()) {
+    at::autocast::set_autocast_cache_enabled(false);
+}
+
+CastCacheOff::~CastCacheOff() { at::autocast::set_autocast_cache_enabled(previous_); }
+
 }  // namespace sf::model

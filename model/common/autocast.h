@@ -60,4 +60,19 @@ private:
 // The number of autocast scopes open on this thread (AutocastGuard and LibTorch's own alike).
 int autocast_nesting();
 
+// Autocast caches the bf16 copy of a weight the first time an op casts it, until the outermost
+// autocast scope exits. A copy cached in a forward without grad has no grad_fn: a recompute of
+// that forward with grad inside the same scope (gradient checkpointing's backward) would pick it
+// up and the weight would get no gradient. Such forwards run with the cache off.
+class CastCacheOff {
+public:
+    CastCacheOff();
+    ~CastCacheOff();
+    CastCacheOff(const CastCacheOff&) = delete;
+    CastCacheOff& operator=(const CastCacheOff&) = delete;
+
+private:
+    bool previous_;
+};
+
 }  // namespace sf::model

@@ -77,23 +77,6 @@ private:
     RngState caller_;
 };
 
-// Autocast caches the bf16 copy of a weight the first time an op casts it, until the outermost
-// autocast scope exits. The forward runs without grad, so a copy cached there has no grad_fn;
-// if the backward ran inside the same scope, the recompute would pick it up and the weight would
-// get no gradient. So the forward does not fill the cache.
-class CastCacheOff {
-public:
-    CastCacheOff() : previous_(at::autocast::is_autocast_cache_enabled()) {
-        at::autocast::set_autocast_cache_enabled(false);
-    }
-    ~CastCacheOff() { at::autocast::set_autocast_cache_enabled(previous_); }
-    CastCacheOff(const CastCacheOff&) = delete;
-    CastCacheOff& operator=(const CastCacheOff&) = delete;
-
-private:
-    bool previous_;
-};
-
 // fn's arguments: `present` in order, with undefined tensors where `defined` says so.
 std::vector<at::Tensor> with_undefined(const std::vector<bool>& defined, at::TensorList present) {
     std::vector<at::Tensor> all;
@@ -137,7 +120,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         at::Tensor out;
         {
             // Function::apply already runs forward without grad.
-            CastCacheOff no_cache;
+            CastCacheOff no_cache;  // (autocast.h)
             const auto held = enter(state->scope);
             out = fn(with_undefined(state->defined, inputs));
         }

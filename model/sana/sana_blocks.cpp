@@ -4,9 +4,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/torch_compat.h"
+#include "model/common/autocast.h"
 #include "model/common/checkpoint.h"
 #include "model/common/lora.h"
 #include "model/common/pointwise_conv.h"
@@ -250,44 +253,131 @@ SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
 at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int64_t count) {
     // F = the hidden width.
     at::Tensor h = torch::silu(pointwise_conv(conv_inverted, window));  // [B, 2F, rows, w]
-    at::Tensor y;
-    if (window.size(2) == count) {
-        y = conv_depth(h);
-    } else {
-        // A chunk at the image's edge has no halo row there: a zero row of h stands in for it
-        // (what the conv's own padding gives the whole run), so that every window the 3x3 conv
-        // sees has count + 2 >= 3 rows. On fewer, oneDNN's depthwise conv of channels-last input
-        // (h is: pointwise_conv's) takes a path whose scratchpad is megabytes whatever the size
-        // (3 MB at 320 channels, 4.6 MB in bf16, on 1 or 2 rows of any width).
+    at::Tensor y = h;
+    if (window.size(2) < 3) {
+        // A window of fewer than 3 rows (a 1-row chunk at the image's edge) gets a zero row of h
+        // for its missing halo, which is what the conv's own zero padding gives it: on 1 or 2
+        // rows of any width, oneDNN's depthwise conv of channels-last input (h is:
+        // pointwise_conv's) takes a path whose scratchpad is megabytes (3 MB at 320 channels,
+        // 4.6 MB in bf16). Larger windows are not copied so.
         const int64_t below = window.size(2) - first - count;
-        h = at::constant_pad_nd(h, {0, 0, 1 - first, 1 - below}, 0.0);
-        y = conv_depth(h).narrow(2, 1, count);  // drop the halo's rows
+        const bool edge_above = first == 0 && window.size(2) != count;
+        const bool edge_below = below == 0 && window.size(2) != count;
+        y = at::constant_pad_nd(y, {0, 0, edge_above ? 1 : 0, edge_below ? 1 : 0}, 0.0);
+        if (edge_above) ++first;
     }
-    const auto halves = y.chunk(2, 1);  // value, gate: [B, F, count, w] each
+    y = conv_depth(y);
+    if (y.size(2) != count) y = y.narrow(2, first, count);  // drop the halo's rows
+    const auto halves = y.chunk(2, 1);                      // value, gate: [B, F, count, w] each
     return pointwise_conv(conv_point, halves[0] * torch::silu(halves[1]));  // [B, D, count, w]
 }
 
-at::Tensor SanaGLUMBConvImpl::forward(const at::Tensor& x) {
-    const int64_t height = x.size(2);
-    if (chunk_rows <= 0 || chunk_rows >= height) return rows(x, 0, height);
-    // Each chunk's inputs are its own rows (a split, whose backward gathers the gradients in one
-    // concatenation) and one row of each neighbour as the halo, so no chunk's backward makes a
-    // gradient of the whole x.
-    const std::vector<at::Tensor> pieces = x.split(chunk_rows, 2);
-    std::vector<at::Tensor> parts;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-        std::vector<at::Tensor> in;
-        const bool above = i > 0, below = i + 1 < pieces.size();
-        if (above) in.push_back(pieces[i - 1].narrow(2, pieces[i - 1].size(2) - 1, 1));
-        in.push_back(pieces[i]);
-        if (below) in.push_back(pieces[i + 1].narrow(2, 0, 1));
-        const int64_t first = above ? 1 : 0, count = pieces[i].size(2);
-        auto fn = [this, first, count](const std::vector<at::Tensor>& window) {
-            return rows(at::cat(window, 2), first, count);  // [B, D, count (+ halo), w]
-        };
-        parts.push_back(at::GradMode::is_enabled() ? checkpoint(fn, in) : fn(in));
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// [B, D, rows, w] -> its tokens [B, rows * w, D] (a view).
+at::Tensor tokens_of(const at::Tensor& image) { return image.flatten(2, 3).permute({0, 2, 1}); }
+
+// Rows [first, first + count) of the latent and their window [lo, hi): one halo row on each
+// side where the latent has one.
+struct RowChunk {
+    int64_t first, count, lo, hi;
+};
+
+std::vector<RowChunk> row_chunks(int64_t height, int64_t rows) {
+    std::vector<RowChunk> out;
+    for (int64_t first = 0; first < height; first += rows) {
+        const int64_t count = std::min(rows, height - first);
+        out.push_back(
+            {first, count, std::max<int64_t>(0, first - 1), std::min(height, first + count + 1)});
     }
-    return at::cat(parts, 2);  // [B, D, h, w]
+    return out;
+}
+
+// What the backward needs besides gate and x: the module and the forward's autocast state.
+struct ChunkedFFNState : torch::CustomClassHolder {
+    SanaGLUMBConvImpl* ff = nullptr;
+    AutocastState autocast;
+};
+
+// h + gate * ff(x), one node: the forward keeps x and gate, the backward recomputes one chunk
+// at a time with grad and takes its gradients (x's, the parameters', the gate's) before the next.
+struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
+    static at::Tensor forward(AutogradContext* ctx, SanaGLUMBConvImpl* ff, const at::Tensor& h,
+                              const at::Tensor& gate, const at::Tensor& x, bool result_unread) {
+        auto state = c10::make_intrusive<ChunkedFFNState>();
+        state->ff = ff;
+        state->autocast = AutocastState::capture();
+        ctx->save_for_backward({gate, x});
+        ctx->saved_data["state"] = at::IValue::make_capsule(std::move(state));
+        ctx->saved_data["h_grad"] = h.requires_grad();
+        if (result_unread) {
+            return at::empty(h.sizes(), h.options().dtype(c10::promoteTypes(h.scalar_type(),
+                                                                            gate.scalar_type())));
+        }
+        CastCacheOff no_cache;  // the backward's recompute must cast the weights itself
+        return ff->chunked_gated_residual(h, gate, x);
+    }
+
+    // One slot per forward argument: ff, h, gate, x, result_unread.
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        const auto state = c10::static_intrusive_pointer_cast<ChunkedFFNState>(
+            ctx->saved_data.at("state").toCapsule());
+        const variable_list saved = ctx->get_saved_variables();
+        const at::Tensor &gate = saved[0], &x = saved[1], &g = grads.at(0);  // g: [B, N, D]
+        const int64_t width = x.size(3);
+        at::Tensor grad_x = x.requires_grad() ? at::zeros_like(x) : at::Tensor();
+        at::Tensor grad_gate = gate.requires_grad() ? at::zeros_like(gate) : at::Tensor();
+        AutocastGuard autocast(state->autocast);
+        for (const RowChunk& c : row_chunks(x.size(2), state->ff->chunk_rows)) {
+            const at::Tensor window =
+                x.narrow(2, c.lo, c.hi - c.lo).detach().requires_grad_(x.requires_grad());
+            at::Tensor y;  // [B, count * w, D]
+            {
+                torch::AutoGradMode grad(true);
+                y = tokens_of(state->ff->rows(window, c.first - c.lo, c.count));
+            }
+            const at::Tensor g_c = g.narrow(1, c.first * width, c.count * width);
+            if (grad_gate.defined()) grad_gate += (g_c * y.detach()).sum(1, true);
+            if (y.requires_grad()) {
+                // Nested backward: the parameters' gradients accumulate where they belong.
+                torch::autograd::backward({y}, {(g_c * gate).to(y.scalar_type())});
+            }
+            if (grad_x.defined()) grad_x.narrow(2, c.lo, c.hi - c.lo) += window.grad();
+        }
+        const bool h_grad = ctx->saved_data.at("h_grad").toBool();
+        return {at::Tensor(), h_grad ? g : at::Tensor(), grad_gate, grad_x, at::Tensor()};
+    }
+};
+
+}  // namespace
+
+at::Tensor SanaGLUMBConvImpl::chunked_gated_residual(const at::Tensor& h, const at::Tensor& gate,
+                                                     const at::Tensor& x) {
+    const int64_t width = x.size(3);
+    at::Tensor out;
+    for (const RowChunk& c : row_chunks(x.size(2), chunk_rows)) {
+        const at::Tensor y =
+            tokens_of(rows(x.narrow(2, c.lo, c.hi - c.lo), c.first - c.lo, c.count));
+        const at::Tensor gated = gate * y;
+        if (!out.defined()) {
+            out = at::empty(h.sizes(), h.options().dtype(c10::promoteTypes(h.scalar_type(),
+                                                                           gated.scalar_type())));
+        }
+        at::Tensor part = out.narrow(1, c.first * width, c.count * width);
+        at::add_out(part, h.narrow(1, c.first * width, c.count * width), gated);
+    }
+    return out;
+}
+
+at::Tensor SanaGLUMBConvImpl::gated_residual(const at::Tensor& h, const at::Tensor& gate,
+                                             const at::Tensor& x, bool result_unread) {
+    const int64_t height = x.size(2);
+    if (chunk_rows <= 0 || chunk_rows >= height) return h + gate * tokens_of(rows(x, 0, height));
+    if (!at::GradMode::is_enabled()) return chunked_gated_residual(h, gate, x);
+    return ChunkedGatedFFN::apply(this, h, gate, x, result_unread);
 }
 
 SanaTransformerBlockImpl::SanaTransformerBlockImpl(const SanaTransformerConfig& c) {
@@ -313,7 +403,7 @@ SanaTransformerBlockImpl::SanaTransformerBlockImpl(const SanaTransformerConfig& 
 
 at::Tensor SanaTransformerBlockImpl::forward(const at::Tensor& tokens, const at::Tensor& context,
                                              const at::Tensor& bias, const at::Tensor& modulation,
-                                             int64_t height, int64_t width) {
+                                             int64_t height, int64_t width, bool result_unread) {
     const int64_t batch = tokens.size(0);
     // shift, scale, gate for the attention, then for the FFN: [B, 1, D] each.
     const at::Tensor per_sample = modulation.reshape({batch, 6, -1});  // [B, 6D] -> [B, 6, D]
@@ -329,8 +419,7 @@ at::Tensor SanaTransformerBlockImpl::forward(const at::Tensor& tokens, const at:
 
     x = norm2(h) * (1 + scale_mlp) + shift_mlp;
     x = x.view({batch, height, width, -1}).permute({0, 3, 1, 2});  // [B, h * w, D] -> [B, D, h, w]
-    x = ff(x).flatten(2, 3).permute({0, 2, 1});                    // [B, D, h, w] -> [B, h * w, D]
-    return h + gate_mlp * x;
+    return ff->gated_residual(h, gate_mlp, x, result_unread);
 }
 
 }  // namespace sf::model

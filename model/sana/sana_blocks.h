@@ -145,18 +145,26 @@ TORCH_MODULE(SanaCrossAttention);
 // Mix-FFN: 1x1 conv to 2h + SiLU, 3x3 depthwise conv, x * SiLU(gate), 1x1 conv back to D (no
 // bias). The depthwise conv is what gives linear attention its sense of locality.
 //
-// With chunk_rows k > 0 it runs over k rows of the latent at a time, each chunk checkpointed in
-// grad mode (model/common/checkpoint.h): the 2h-wide hidden activations exist for k rows at once,
-// in the forward and again in the backward, and none is kept between them. The 3x3 conv of rows
+// With chunk_rows k > 0 it runs over k rows of the latent at a time: the 2h-wide hidden
+// activations exist for k rows at once, in the forward and again in the backward, which
+// recomputes each chunk (as gradient checkpointing would, in one autograd node for all chunks)
+// and keeps none between them. The 3x3 conv of rows
 // [r, r + k) reads rows r - 1 and r + k, so each chunk takes them as a halo and drops their
-// output (k + 2 rows computed for k); at the image's edge a zero row of the hidden activations
-// stands in for the missing one, as the conv's zero padding does in the whole run. The result and
-// the gradients are those of the unchunked run.
+// output (k + 2 rows computed for k); at the image's edge the conv's zero padding stands in for
+// them as in the whole run. The result and the gradients are those of the unchunked run.
 struct SanaGLUMBConvImpl : torch::nn::Module {
     SanaGLUMBConvImpl(int64_t dim, int64_t hidden);
-    at::Tensor forward(const at::Tensor& x);  // [B, D, h, w] -> [B, D, h, w]
-    // `count` rows of the result from `window` [B, D, rows, w], rows of x whose first `first`
-    // (and any after the `count`) are halo: -> [B, D, count, w].
+    // The block's gated residual h + gate * ff(x): h [B, h * w, D], gate [B, 1, D], x
+    // [B, D, h, w] -> [B, h * w, D]. The gate is inside so that a chunked backward needs no
+    // value of ff(x): with `result_unread` (the caller uses the result's gradient graph only, as
+    // a checkpoint's recompute does) the chunked forward in grad mode computes nothing.
+    at::Tensor gated_residual(const at::Tensor& h, const at::Tensor& gate, const at::Tensor& x,
+                              bool result_unread = false);
+    // The same by chunks of rows, without grad.
+    at::Tensor chunked_gated_residual(const at::Tensor& h, const at::Tensor& gate,
+                                      const at::Tensor& x);
+    // `count` rows of ff from `window` [B, D, rows, w], rows of x whose first `first` (and any
+    // after the `count`) are halo: -> [B, D, count, w].
     at::Tensor rows(const at::Tensor& window, int64_t first, int64_t count);
     torch::nn::Conv2d conv_inverted{nullptr}, conv_depth{nullptr}, conv_point{nullptr};
     int64_t chunk_rows = 0;  // 0: every row at once
@@ -168,9 +176,11 @@ TORCH_MODULE(SanaGLUMBConv);
 struct SanaTransformerBlockImpl : torch::nn::Module {
     explicit SanaTransformerBlockImpl(const SanaTransformerConfig& config);
     // tokens [B, h * w, D]; context [B, L, D]; bias [B, 1, 1, L] or undefined;
-    // modulation [B, 6D] from time_embed -> [B, h * w, D]
+    // modulation [B, 6D] from time_embed -> [B, h * w, D]. result_unread: see
+    // SanaGLUMBConvImpl::gated_residual (a checkpoint's function passes true).
     at::Tensor forward(const at::Tensor& tokens, const at::Tensor& context, const at::Tensor& bias,
-                       const at::Tensor& modulation, int64_t height, int64_t width);
+                       const at::Tensor& modulation, int64_t height, int64_t width,
+                       bool result_unread = false);
     at::Tensor scale_shift_table;  // [6, D]: shift, scale, gate for attention, then for the FFN
     torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};  // no weights unless configured (norm2)
     SanaLinearAttention attn1{nullptr};

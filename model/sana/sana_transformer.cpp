@@ -134,10 +134,12 @@ at::Tensor SanaTransformerImpl::forward(const at::Tensor& hidden_states,
     for (size_t i = 0; i < blocks_.size(); ++i) {
         if ((recompute && static_cast<int64_t>(i) % checkpoint_every_ == 0) || swap_.swapped(i)) {
             // The closure holds the block and the grid, not `in`: the backward runs after this
-            // frame is gone. The tensors travel as checkpoint inputs, so they are saved.
+            // frame is gone. The tensors travel as checkpoint inputs, so they are saved. With grad
+            // it runs in the recompute only, which reads the result's graph, not its values.
             const int64_t height = in.height, width = in.width;
             auto block_fn = [block = blocks_[i], height, width](const std::vector<at::Tensor>& t) {
-                return block.ptr()->forward(t[0], t[1], t[2], t[3], height, width);
+                return block.ptr()->forward(t[0], t[1], t[2], t[3], height, width,
+                                            /*result_unread=*/at::GradMode::is_enabled());
             };
             tokens = checkpoint(block_fn, {tokens, in.context, in.context_bias, in.modulation},
                                 swap_.swapped(i) ? swap_.scope(i) : CheckpointScope());

@@ -234,8 +234,8 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const int64_t ff_units = c.video ? c.frames : rows;
     const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < ff_units;
     const double ff_whole = ff_chunked ? 0.0 : 1.0;
-    // An image chunk's window is k + 2 rows (a zero row for the halo at the edges).
-    const int64_t chunk_units = c.video ? r.ff_chunk_size * rows : r.ff_chunk_size + 2;
+    const int64_t chunk_units =
+        c.video ? r.ff_chunk_size * rows : std::min(r.ff_chunk_size + 2, rows);
     const double ff_tokens = ff_chunked ? static_cast<double>(chunk_units * row_tokens) : 0.0;
     return {
         1.0,
