@@ -1,5 +1,7 @@
 // The launcher's environment: torchrun's variables, Slurm's, neither; bad values named. ZeRO-1's
-// partition and its collectives between ranks that are threads of this process.
+// partition and its collectives, and the gradient buckets started inside the backward pass,
+// between ranks that are threads of this process.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +14,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "model/common/lora.h"
+#include "model/sana/sana_transformer.h"
+#include "stages/distributed/data_parallel_sync.h"
 #include "stages/distributed/launch_env.h"
 #include "stages/distributed/zero_sharding.h"
 #include "stages/train/train_step.h"
@@ -219,6 +224,82 @@ TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
     }
     EXPECT_EQ(gathered[0].size(), sizes.size());
     EXPECT_EQ(std::max(bytes[0], bytes[1]), 24 + 20);  // 40 + 3 on the other
+}
+
+// Rank r of a world of `size` ranks that are threads of this process (Gloo on 127.0.0.1).
+std::shared_ptr<sf::distributed::World> thread_rank(int r, int size, int port) {
+    sf::distributed::LaunchEnv env;
+    env.launcher = "torchrun";
+    env.rank = env.local_rank = r;
+    env.world_size = env.local_world_size = size;
+    env.master_port = port;
+    sf::distributed::WorldOptions o;
+    o.timeout = std::chrono::seconds(60);
+    return std::make_shared<sf::distributed::World>(env, o, false);
+}
+
+// Two ranks of one sample each get the gradients one rank of both gets, with every gradient
+// bucket (4 KiB each here, so many) started from inside the backward pass, in the same order on
+// both. Two steps at learning rate 0: the second reduces into buckets laid out by the first.
+TEST(DataParallelSync, BucketsStartInsideTheBackwardAndSumToTheWholeBatchsGradients) {
+    auto config = sf::model::SanaTransformerConfig::named("sana-tiny");
+    config.caption_channels = 16;
+    auto make_model = [&] {
+        torch::manual_seed(3);
+        return sf::model::SanaTransformer(config);
+    };
+    torch::manual_seed(11);
+    sf::train::MicroBatch batch;
+    batch.latents = torch::randn({2, 32, 8, 8});
+    batch.prompt_embeds = torch::randn({2, 5, 16});
+    batch.prompt_mask = torch::ones({2, 5}, torch::kLong);
+    batch.prompt_mask[1].slice(0, 3).fill_(0);
+    // Built here: threads drawing from the global generator at once would build other weights.
+    std::vector<sf::model::SanaTransformer> models = {make_model(), make_model(), make_model()};
+    auto train = [&](sf::model::SanaTransformer model,
+                     std::shared_ptr<sf::train::GradientSync> sync) {
+        sf::train::TrainStepOptions o;
+        o.keep_gradients = true;
+        sf::train::AdamWOptions a;
+        a.lr = 0;
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), a,
+                                  sf::train::LRSchedule("constant", 0, 0, 10), o,
+                                  c10::Device(c10::kCPU), std::move(sync));
+        at::Generator gen = at::detail::createCPUGenerator(1);
+        for (int i = 0; i < 2; ++i) step.step([&](int64_t) { return batch; }, gen);
+        return sf::model::trainable_parameters(*model);
+    };
+    const auto reference = train(models[2], nullptr);
+    const int port = sf::test::free_port();
+    std::vector<std::vector<std::pair<std::string, at::Tensor>>> weights(2);  // with grads
+    std::vector<int64_t> started(2), buckets(2);
+    std::vector<std::string> errors(2);
+    auto rank = [&](int r) {
+        try {
+            auto sync = std::make_shared<sf::distributed::DataParallelSync>(thread_rank(r, 2, port),
+                                                                            /*bucket_bytes=*/4096);
+            weights[r] = train(models[static_cast<size_t>(r)], sync);
+            started[r] = sync->buckets_started_in_backward();
+            buckets[r] = static_cast<int64_t>(sync->bucket_count());
+        } catch (const std::exception& e) {
+            errors[r] = e.what();
+        }
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    ASSERT_EQ(errors[0], "");
+    ASSERT_EQ(errors[1], "");
+    EXPECT_GT(buckets[0], 4);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(started[r], buckets[r]) << "rank " << r;
+    for (int r = 0; r < 2; ++r) {
+        ASSERT_EQ(weights[r].size(), reference.size());
+        for (size_t i = 0; i < reference.size(); ++i) {
+            EXPECT_TRUE(torch::allclose(weights[r][i].second.grad(), reference[i].second.grad(),
+                                        1e-4, 1e-6))
+                << "rank " << r << ": " << reference[i].first;
+        }
+    }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "stages/train/train_step.h"
 #include "storage/fault_injection.h"
 #include "test_util.h"
+#include "train_test_util.h"
 
 namespace {
 
@@ -772,22 +773,70 @@ TEST(AutoFit, AStepThatUpdatedAParameterIsNotRetryable) {
     EXPECT_FALSE(step.retryable()) << "a retry would update the first parameter twice";
 }
 
-TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
-    sf::train::TrainStepOptions plain_o, fused_o;
-    fused_o.fused_backward = true;
-    auto plain = make_step(seeded_model(), plain_o);
-    auto fused = make_step(seeded_model(), fused_o);
-    const sf::train::MicroBatch batch = sample_batch(2);
-    at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
-    for (int i = 0; i < 3; ++i) {
-        plain.step([&](int64_t) { return batch; }, g1);
-        fused.step([&](int64_t) { return batch; }, g2);
+// Checkpointing, chunked self-attention and the chunked feed-forward (rows of 2 of 8, so four
+// recomputed pieces of each block), alone and together.
+std::vector<std::pair<std::string, sf::train::TrainStepOptions>> recomputing_remedies() {
+    std::vector<std::pair<std::string, sf::train::TrainStepOptions>> out;
+    sf::train::TrainStepOptions o;
+    out.emplace_back("none", o);
+    o.gradient_checkpointing = 1;
+    out.emplace_back("checkpointing", o);
+    o = {};
+    o.attention = "chunked";
+    o.attention_chunk = 16;
+    out.emplace_back("chunked attention", o);
+    o = {};
+    o.ff_chunk_size = 2;
+    out.emplace_back("chunked feed-forward", o);
+    o.attention = "chunked";
+    o.attention_chunk = 16;
+    o.gradient_checkpointing = 1;
+    out.emplace_back("all three", o);
+    return out;
+}
+
+// The fused pass updates and the data-parallel sync sends a gradient when its accumulator runs,
+// so that must happen once per backward pass: recomputed pieces of a block must hand their
+// parameters' gradients over together, not each piece's share as it comes.
+TEST(TrainStep, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
+    for (auto [what, o] : recomputing_remedies()) {
+        o.keep_gradients = true;
+        auto model = seeded_model();
+        auto sync = std::make_shared<sf::test::CountingSync>();
+        sf::train::TrainStep step(model.ptr(), named(*model), {},
+                                  sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
+                                  c10::Device(c10::kCPU), sync);
+        at::Generator gen = at::detail::createCPUGenerator(1);
+        const sf::train::MicroBatch batch = sample_batch(2);
+        step.step([&](int64_t) { return batch; }, gen);
+        const auto params = named(step.model().module());
+        ASSERT_EQ(sync->counts.size(), params.size()) << what;
+        for (size_t i = 0; i < params.size(); ++i) {
+            EXPECT_EQ(sync->counts[i], params[i].second.grad().defined() ? 1 : 0)
+                << what << ": " << params[i].first;
+        }
     }
-    const auto p1 = named(plain.model().module()), p2 = named(fused.model().module());
-    for (size_t i = 0; i < p1.size(); ++i) {
-        EXPECT_TRUE(torch::equal(p1[i].second, p2[i].second)) << p1[i].first;
-        EXPECT_FALSE(p2[i].second.grad().defined())
-            << "the fused pass keeps no gradient: " << p2[i].first;
+}
+
+TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
+    for (const auto& [what, plain_o] : recomputing_remedies()) {
+        sf::train::TrainStepOptions fused_o = plain_o;
+        fused_o.fused_backward = true;
+        auto plain = make_step(seeded_model(), plain_o);
+        auto fused = make_step(seeded_model(), fused_o);
+        const sf::train::MicroBatch batch = sample_batch(2);
+        at::Generator g1 = at::detail::createCPUGenerator(1),
+                      g2 = at::detail::createCPUGenerator(1);
+        for (int i = 0; i < 3; ++i) {
+            plain.step([&](int64_t) { return batch; }, g1);
+            fused.step([&](int64_t) { return batch; }, g2);
+        }
+        const auto p1 = named(plain.model().module()), p2 = named(fused.model().module());
+        for (size_t i = 0; i < p1.size(); ++i) {
+            EXPECT_TRUE(torch::equal(p1[i].second, p2[i].second)) << what << ": " << p1[i].first;
+            EXPECT_FALSE(p2[i].second.grad().defined())
+                << "the fused pass keeps no gradient: " << p2[i].first;
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 #include "stages/train/flow_matching.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_step.h"
+#include "train_test_util.h"
 
 namespace {
 
@@ -212,6 +213,34 @@ TEST(TrainStepVideo, EveryRemedyGivesThePlainGradients) {
         for (size_t i = 0; i < grads.size(); ++i) {
             EXPECT_TRUE(torch::allclose(grads[i].second, reference[i].second, 1e-4, 1e-6))
                 << what << ": " << grads[i].first;
+        }
+    }
+}
+
+// Each gradient is complete once per backward pass (the fused pass and the data-parallel sync
+// act then) also when frames of the feed-forward and chunks of queries are recomputed apart.
+TEST(TrainStepVideo, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
+    sf::train::TrainStepOptions o;
+    o.keep_gradients = true;
+    o.gradient_checkpointing = 1;
+    o.attention = "chunked";
+    o.attention_chunk = 7;
+    o.ff_chunk_size = 1;
+    for (bool checkpointing : {false, true}) {
+        o.gradient_checkpointing = checkpointing ? 1 : 0;
+        auto model = tiny_video();
+        auto sync = std::make_shared<sf::test::CountingSync>();
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+                                  sf::train::LRSchedule("constant", 1e-3, 0, 10), o,
+                                  c10::Device(c10::kCPU), sync);
+        const sf::train::MicroBatch batch = video_batch();
+        at::Generator g = seeded(1);
+        step.step([&](int64_t) { return batch; }, g);
+        const auto params = sf::model::trainable_parameters(step.model().module());
+        ASSERT_EQ(sync->counts.size(), params.size());
+        for (size_t i = 0; i < params.size(); ++i) {
+            EXPECT_EQ(sync->counts[i], params[i].second.grad().defined() ? 1 : 0)
+                << "checkpointing " << checkpointing << ": " << params[i].first;
         }
     }
 }

@@ -97,6 +97,8 @@ struct CheckpointState : torch::CustomClassHolder {
     RngState rng;
     AutocastState autocast;
     CheckpointScope scope;  // may be empty
+    // Parameters whose gradients the backward returns (checkpoint's `params`).
+    std::vector<at::Tensor> params;
 };
 
 std::shared_ptr<void> enter(const CheckpointScope& scope) {
@@ -109,7 +111,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // parameters inside fn still get gradients.
     static at::Tensor forward(AutogradContext* ctx, CheckpointFn fn, CheckpointScope scope,
                               std::vector<bool> defined, at::TensorList inputs,
-                              const c10::optional<at::Tensor>& anchor) {
+                              at::TensorList params, const c10::optional<at::Tensor>& anchor) {
         (void)anchor;
         auto state = c10::make_intrusive<CheckpointState>();
         state->scope = std::move(scope);
@@ -117,6 +119,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         state->autocast = AutocastState::capture();
         state->defined = std::move(defined);
         for (const at::Tensor& t : inputs) state->requires_grad.push_back(t.requires_grad());
+        state->params = params.vec();
         at::Tensor out;
         {
             // Function::apply already runs forward without grad.
@@ -133,7 +136,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         return out;
     }
 
-    // One slot per forward argument: fn, scope, defined, each input, the anchor.
+    // One slot per forward argument: fn, scope, defined, each input, each parameter, the anchor.
     static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
         const auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
             ctx->saved_data.at("state").toCapsule());
@@ -152,12 +155,32 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
             torch::AutoGradMode grad(true);
             out = state->fn(with_undefined(state->defined, inputs));
         }
-        // Nested (reentrant) backward: parameter gradients accumulate where they belong.
-        if (out.requires_grad()) torch::autograd::backward({out}, {grad_outputs.at(0)});
-
         variable_list grads(3);  // fn, scope, defined
-        for (const at::Tensor& t : inputs) {
-            grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+        if (state->params.empty()) {
+            // Nested (reentrant) backward: parameter gradients accumulate where they belong.
+            if (out.requires_grad()) torch::autograd::backward({out}, {grad_outputs.at(0)});
+            for (const at::Tensor& t : inputs) {
+                grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+            }
+        } else {
+            // The parameters' gradients go out of this node with the inputs', so that the
+            // pieces of one chunked function reach each accumulator together.
+            std::vector<at::Tensor> targets;
+            for (const at::Tensor& t : inputs) {
+                if (t.requires_grad()) targets.push_back(t);
+            }
+            targets.insert(targets.end(), state->params.begin(), state->params.end());
+            variable_list found(targets.size());
+            if (out.requires_grad()) {
+                found = torch::autograd::grad({out}, targets, {grad_outputs.at(0)},
+                                              /*retain_graph=*/false, /*create_graph=*/false,
+                                              /*allow_unused=*/true);
+            }
+            size_t next = 0;
+            for (const at::Tensor& t : inputs) {
+                grads.push_back(t.requires_grad() ? found[next++] : at::Tensor());
+            }
+            for (; next < found.size(); ++next) grads.push_back(found[next]);
         }
         grads.emplace_back();  // anchor
         return grads;
@@ -166,7 +189,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope) {
+std::vector<at::Tensor> params_requiring_grad(const torch::nn::Module& module) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : module.parameters()) {
+        if (p.requires_grad()) out.push_back(p);
+    }
+    return out;
+}
+
+at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope,
+                      at::TensorList params) {
     if (!fn) throw Error::InvalidArgument("checkpoint: no function given");
     if (!at::GradMode::is_enabled()) {
         // Nothing will be recomputed: run it plainly and keep no state.
@@ -186,9 +218,9 @@ at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope sc
     const bool any_requires_grad = std::any_of(
         present.begin(), present.end(), [](const at::Tensor& t) { return t.requires_grad(); });
     c10::optional<at::Tensor> anchor;
-    if (!any_requires_grad) anchor = at::empty({0}).requires_grad_(true);
+    if (!any_requires_grad && params.empty()) anchor = at::empty({0}).requires_grad_(true);
     return CheckpointFunction::apply(std::move(fn), std::move(scope), std::move(defined),
-                                     at::TensorList(present), anchor);
+                                     at::TensorList(present), params, anchor);
 }
 
 }  // namespace sf::model

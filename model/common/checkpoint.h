@@ -10,7 +10,13 @@
 // same mask, and the caller's generator state is restored after; the autocast state is the
 // forward's too. Parameters used inside `fn` get their gradients through a nested backward, so
 // they are accumulated by their AccumulateGrad nodes and any post hooks on those (a fused
-// optimizer step) run as they would without checkpointing.
+// optimizer step, the data-parallel sync) run as they would without checkpointing, once per
+// backward pass as long as each parameter is used by one checkpointed call.
+//
+// A function checkpointed in pieces (chunks of tokens, rows or frames of one module) uses its
+// parameters in every piece: those calls pass them as `params`, and each piece returns their
+// gradients to the engine instead of accumulating them, so the pieces' shares meet in the
+// accumulator, which runs once, as without chunking.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,6 +24,10 @@
 #include <functional>
 #include <memory>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace sf::model {
 
@@ -35,6 +45,17 @@ using CheckpointScope = std::function<std::shared_ptr<void>()>;
 // front of trained blocks), unlike PyTorch's reentrant form. Nothing is saved outside grad mode.
 // `fn` and the modules it captures must outlive the backward. Not for create_graph (double
 // backward), as upstream's reentrant form.
-at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope = {});
+//
+// `params`: the parameters fn uses that require grad (params_requiring_grad of its module). When
+// given, the recompute's backward returns their gradients (and the inputs') from this node
+// instead of accumulating them in a nested backward; a parameter fn uses that is not among them
+// then gets no gradient. Under block swap's scope, the parameters of that scope's block must not
+// be passed (they are lent anew for the recompute).
+at::Tensor checkpoint(CheckpointFn fn, at::TensorList inputs, CheckpointScope scope = {},
+                      at::TensorList params = {});
+
+// `module`'s parameters that require grad, in order: what checkpoint's `params` takes for a
+// function of that module.
+std::vector<at::Tensor> params_requiring_grad(const torch::nn::Module& module);
 
 }  // namespace sf::model

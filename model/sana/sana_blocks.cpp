@@ -183,16 +183,19 @@ at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
     if (chunk_tokens <= 0 || chunk_tokens >= x.size(1)) return attend(x, key_values(x));
     const bool grad = at::GradMode::is_enabled();
     const std::vector<at::Tensor> pieces = x.split(chunk_tokens, 1);  // [B, n, D] each
+    // Every piece uses the projections: their gradients meet in one accumulation.
+    const std::vector<at::Tensor> params =
+        grad ? params_requiring_grad(*this) : std::vector<at::Tensor>();
     at::Tensor kv;
     for (const at::Tensor& piece : pieces) {
         auto fn = [this](const std::vector<at::Tensor>& in) { return key_values(in[0]); };
-        const at::Tensor part = grad ? checkpoint(fn, {piece}) : fn({piece});
+        const at::Tensor part = grad ? checkpoint(fn, {piece}, {}, params) : fn({piece});
         kv = kv.defined() ? kv + part : part;
     }
     std::vector<at::Tensor> outs;
     for (const at::Tensor& piece : pieces) {
         auto fn = [this](const std::vector<at::Tensor>& in) { return attend(in[0], in[1]); };
-        outs.push_back(grad ? checkpoint(fn, {piece, kv}) : fn({piece, kv}));
+        outs.push_back(grad ? checkpoint(fn, {piece, kv}, {}, params) : fn({piece, kv}));
     }
     return at::cat(outs, 1);  // [B, N, D]
 }
@@ -304,9 +307,13 @@ struct ChunkedFFNState : torch::CustomClassHolder {
 
 // h + gate * ff(x), one node: the forward keeps x and gate, the backward recomputes one chunk
 // at a time with grad and takes its gradients (x's, the parameters', the gate's) before the next.
+// The parameters' gradients are summed over the chunks and leave this node with the others, so
+// each parameter's accumulator runs once (checkpoint.h says why that matters).
 struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
     static at::Tensor forward(AutogradContext* ctx, SanaGLUMBConvImpl* ff, const at::Tensor& h,
-                              const at::Tensor& gate, const at::Tensor& x, bool result_unread) {
+                              const at::Tensor& gate, const at::Tensor& x, at::TensorList params,
+                              bool result_unread) {
+        (void)params;  // ff's own, used through ff
         auto state = c10::make_intrusive<ChunkedFFNState>();
         state->ff = ff;
         state->autocast = AutocastState::capture();
@@ -321,7 +328,7 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
         return ff->chunked_gated_residual(h, gate, x);
     }
 
-    // One slot per forward argument: ff, h, gate, x, result_unread.
+    // One slot per forward argument: ff, h, gate, x, each parameter, result_unread.
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
         const auto state = c10::static_intrusive_pointer_cast<ChunkedFFNState>(
             ctx->saved_data.at("state").toCapsule());
@@ -330,6 +337,8 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
         const int64_t width = x.size(3);
         at::Tensor grad_x = x.requires_grad() ? at::zeros_like(x) : at::Tensor();
         at::Tensor grad_gate = gate.requires_grad() ? at::zeros_like(gate) : at::Tensor();
+        const std::vector<at::Tensor> params = params_requiring_grad(*state->ff);
+        std::vector<at::Tensor> grad_params(params.size());
         AutocastGuard autocast(state->autocast);
         for (const RowChunk& c : row_chunks(x.size(2), state->ff->chunk_rows)) {
             const at::Tensor window =
@@ -341,14 +350,24 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
             }
             const at::Tensor g_c = g.narrow(1, c.first * width, c.count * width);
             if (grad_gate.defined()) grad_gate += (g_c * y.detach()).sum(1, true);
-            if (y.requires_grad()) {
-                // Nested backward: the parameters' gradients accumulate where they belong.
-                torch::autograd::backward({y}, {(g_c * gate).to(y.scalar_type())});
+            if (!y.requires_grad()) continue;
+            std::vector<at::Tensor> targets = params;
+            if (grad_x.defined()) targets.push_back(window);
+            const variable_list found =
+                torch::autograd::grad({y}, targets, {(g_c * gate).to(y.scalar_type())},
+                                      /*retain_graph=*/false, /*create_graph=*/false,
+                                      /*allow_unused=*/true);
+            for (size_t i = 0; i < params.size(); ++i) {
+                if (!found[i].defined()) continue;
+                grad_params[i] = grad_params[i].defined() ? grad_params[i] + found[i] : found[i];
             }
-            if (grad_x.defined()) grad_x.narrow(2, c.lo, c.hi - c.lo) += window.grad();
+            if (grad_x.defined()) grad_x.narrow(2, c.lo, c.hi - c.lo) += found.back();
         }
         const bool h_grad = ctx->saved_data.at("h_grad").toBool();
-        return {at::Tensor(), h_grad ? g : at::Tensor(), grad_gate, grad_x, at::Tensor()};
+        variable_list out = {at::Tensor(), h_grad ? g : at::Tensor(), grad_gate, grad_x};
+        out.insert(out.end(), grad_params.begin(), grad_params.end());
+        out.emplace_back();  // result_unread
+        return out;
     }
 };
 
@@ -377,7 +396,9 @@ at::Tensor SanaGLUMBConvImpl::gated_residual(const at::Tensor& h, const at::Tens
     const int64_t height = x.size(2);
     if (chunk_rows <= 0 || chunk_rows >= height) return h + gate * tokens_of(rows(x, 0, height));
     if (!at::GradMode::is_enabled()) return chunked_gated_residual(h, gate, x);
-    return ChunkedGatedFFN::apply(this, h, gate, x, result_unread);
+    const std::vector<at::Tensor> params = params_requiring_grad(*this);
+    // As a TensorList, so that apply counts each parameter as an input of the node.
+    return ChunkedGatedFFN::apply(this, h, gate, x, at::TensorList(params), result_unread);
 }
 
 SanaTransformerBlockImpl::SanaTransformerBlockImpl(const SanaTransformerConfig& c) {

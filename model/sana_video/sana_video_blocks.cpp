@@ -142,7 +142,7 @@ at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGri
             at::Tensor out;
             if (at::GradMode::is_enabled()) {
                 auto fn = [this](const std::vector<at::Tensor>& in) { return per_frame(in[0]); };
-                out = checkpoint(fn, {chunk});
+                out = checkpoint(fn, {chunk}, {}, params_requiring_grad(*this));
             } else {
                 out = per_frame(chunk);
             }

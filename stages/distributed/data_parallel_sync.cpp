@@ -7,6 +7,8 @@
 #include <map>
 #include <tuple>
 
+#include "core/check.h"
+
 namespace sf::distributed {
 
 void run_bucketed(const std::vector<at::Tensor>& tensors,
@@ -49,22 +51,32 @@ std::vector<TensorGroup> group_alike(const std::vector<at::Tensor>& tensors,
     return groups;
 }
 
-std::vector<at::Tensor> DataParallelSync::grads_or_zeros(const std::vector<at::Tensor>& params) {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : params) {
-        at::Tensor& g = const_cast<at::Tensor&>(p).mutable_grad();
-        if (!g.defined()) g = at::zeros_like(p);
-        grads.push_back(g);
+GradientBuckets& DataParallelSync::buckets(const std::vector<at::Tensor>& params) {
+    if (!buckets_) {
+        buckets_ = std::make_unique<GradientBuckets>(
+            params, bucket_tags(), bucket_bytes_,
+            [this](const at::Tensor& flat, int tag) { return start_bucket(flat, tag); });
+        bucket_params_ = params.size();
     }
-    return grads;
+    SF_CHECK(params.size() == bucket_params_, "the gradient buckets of another parameter list");
+    return *buckets_;
+}
+
+PendingCollective DataParallelSync::start_bucket(const at::Tensor& flat, int /*tag*/) {
+    return world_->start_all_reduce_sum({flat}, "the gradient all-reduce");
+}
+
+void DataParallelSync::begin_backward(const std::vector<at::Tensor>& params) {
+    buckets(params).begin();
+}
+
+void DataParallelSync::grad_ready(size_t index) {
+    SF_CHECK(buckets_ != nullptr, "grad_ready before begin_backward");
+    buckets_->ready(index);
 }
 
 void DataParallelSync::reduce_all(const std::vector<at::Tensor>& params) {
-    for (const auto& group : group_alike(grads_or_zeros(params))) {
-        run_bucketed(group.tensors, [this](std::vector<at::Tensor>& flat) {
-            world_->all_reduce_sum(flat, "the gradient all-reduce");
-        });
-    }
+    buckets(params).finish([this](int tag) { return keeps_bucket(tag); });
 }
 
 void DataParallelSync::reduce_one(size_t /*index*/, const at::Tensor& param) {

@@ -126,7 +126,7 @@ World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
 World::~World() { impl_->stop_heartbeat(); }
 
 void World::all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) {
-    guarded(what, [&] { impl_->group->allreduce(tensors)->wait(); });
+    start_all_reduce_sum(tensors, what).wait();
 }
 
 void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
@@ -138,12 +138,27 @@ void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::str
 }
 
 void World::reduce_sum_to(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
-    guarded(what, [&] {
-        c10d::ReduceOptions o;
-        o.reduceOp = c10d::ReduceOp::SUM;
-        o.rootRank = root;
-        impl_->group->reduce(tensors, o)->wait();
-    });
+    start_reduce_sum_to(tensors, root, what).wait();
+}
+
+// The work holds its tensors; the wait runs guarded as a blocking collective does.
+PendingCollective World::start_all_reduce_sum(const std::vector<at::Tensor>& tensors,
+                                              const std::string& what) {
+    std::vector<at::Tensor> in = tensors;
+    auto work = decltype(impl_->group->allreduce(in)){};
+    guarded(what, [&] { work = impl_->group->allreduce(in); });
+    return PendingCollective([this, work, what] { guarded(what, [&] { work->wait(); }); });
+}
+
+PendingCollective World::start_reduce_sum_to(const std::vector<at::Tensor>& tensors, int root,
+                                             const std::string& what) {
+    std::vector<at::Tensor> in = tensors;
+    c10d::ReduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.rootRank = root;
+    auto work = decltype(impl_->group->reduce(in, o)){};
+    guarded(what, [&] { work = impl_->group->reduce(in, o); });
+    return PendingCollective([this, work, what] { guarded(what, [&] { work->wait(); }); });
 }
 
 void World::send(at::Tensor tensor, int dst, const std::string& what) {

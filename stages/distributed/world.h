@@ -25,6 +25,25 @@ struct WorldOptions {
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // --ddp_timeout
 };
 
+// A collective started and not yet waited for: its tensors must stay untouched until wait(),
+// which fails as the blocking collectives do (naming the ranks that are gone). Waiting again
+// does nothing.
+class PendingCollective {
+public:
+    PendingCollective() = default;
+    explicit PendingCollective(std::function<void()> wait) : wait_(std::move(wait)) {}
+    void wait() {
+        if (!wait_) return;
+        const std::function<void()> w = std::move(wait_);
+        wait_ = nullptr;
+        w();
+    }
+    bool pending() const { return static_cast<bool>(wait_); }
+
+private:
+    std::function<void()> wait_;
+};
+
 // kInvalidArgument naming the flag for an unknown backend or one this build lacks.
 std::string resolve_backend(const std::string& backend, bool cuda);
 
@@ -47,6 +66,12 @@ public:
     void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);
     // The sum lands in `root`'s tensors only (the others' are left undefined in content).
     void reduce_sum_to(std::vector<at::Tensor>& tensors, int root, const std::string& what);
+    // The same, started: the process group runs them in the order they were started, which
+    // must be the same on every rank.
+    PendingCollective start_all_reduce_sum(const std::vector<at::Tensor>& tensors,
+                                           const std::string& what);
+    PendingCollective start_reduce_sum_to(const std::vector<at::Tensor>& tensors, int root,
+                                          const std::string& what);
     // Point to point (CPU tensors with Gloo): `tensor` to rank `dst`, or into it from `src`.
     void send(at::Tensor tensor, int dst, const std::string& what);
     void recv(at::Tensor tensor, int src, const std::string& what);

@@ -43,18 +43,8 @@ int ShardedStateSync::owner(size_t index) const {
     return owners_[index];
 }
 
-void ShardedStateSync::reduce_all(const std::vector<at::Tensor>& params) {
-    SF_CHECK(params.size() == owners_.size(), "reduce_all over another parameter list");
-    for (const auto& group : group_alike(grads_or_zeros(params), owners_)) {
-        run_bucketed(group.tensors, [&](std::vector<at::Tensor>& flat) {
-            world_->reduce_sum_to(flat, group.tag, "the gradient reduce to its owner");
-        });
-    }
-    // What is not ours is summed elsewhere: dropped here, so unscaling, clipping and the update
-    // see this rank's share only.
-    for (size_t i = 0; i < params.size(); ++i) {
-        if (owners_[i] != rank()) const_cast<at::Tensor&>(params[i]).mutable_grad() = at::Tensor();
-    }
+PendingCollective ShardedStateSync::start_bucket(const at::Tensor& flat, int owner) {
+    return world_->start_reduce_sum_to({flat}, owner, "the gradient reduce to its owner");
 }
 
 void ShardedStateSync::reduce_one(size_t index, const at::Tensor& param) {

@@ -5,7 +5,8 @@
 // rank, then parameter order), the same on every rank.
 //
 // A step: the gradients are summed into their owner (c10d reduce, in buckets of kBucketBytes per
-// owner and dtype; the other ranks drop theirs), each owner updates what it owns, and the new
+// owner and dtype, started inside the backward as DataParallelSync's; the other ranks drop
+// theirs), each owner updates what it owns, and the new
 // weights go from each owner to every rank (broadcast, bucketed alike). Checkpoints gather every
 // rank's state on rank 0 into the same optimizer.safetensors an unsharded run writes, so a run
 // resumes on any number of ranks, sharded or not.
@@ -29,10 +30,16 @@ public:
 
     bool shards_state() const override { return true; }
     std::vector<bool> partition(const std::vector<at::Tensor>& params) override;
-    void reduce_all(const std::vector<at::Tensor>& params) override;
     void reduce_one(size_t index, const at::Tensor& param) override;
     void share_updates(const std::vector<at::Tensor>& params) override;
     std::map<std::string, at::Tensor> gather_state(std::map<std::string, at::Tensor> mine) override;
+
+protected:
+    std::vector<int> bucket_tags() const override { return owners_; }
+    PendingCollective start_bucket(const at::Tensor& flat, int owner) override;
+    // What is not ours is summed elsewhere: dropped here, so unscaling, clipping and the update
+    // see this rank's share only.
+    bool keeps_bucket(int owner) const override { return owner == rank(); }
 
 private:
     int owner(size_t index) const;

@@ -8,10 +8,15 @@
 //     gradient is complete and before that parameter's update, from inside the backward pass
 //     (so communication can overlap the rest of the backward).
 //
-// Accumulation calls neither before the last micro-batch: gradients are reduced once per step.
-// Each rank weights its loss by its share of the global micro-batch (TrainStep), so the reduction
-// is a sum. The step's loss is summed once per step too (reduce_sum), and a run broadcasts rank
-// 0's weights before its first step and meets at a barrier after each checkpoint.
+//   - with reduces_during_backward(), reduce_all's work starts earlier: begin_backward before the
+//     last backward pass of a step and grad_ready(i) from inside it, as soon as parameter i's
+//     gradient is complete (its accumulator ran: once per backward pass with every remedy), so
+//     communication overlaps the rest of the backward; reduce_all then finishes it.
+//
+// Accumulation calls none of these before the last micro-batch: gradients are reduced once per
+// step. Each rank weights its loss by its share of the global micro-batch (TrainStep), so the
+// reduction is a sum. The step's loss is summed once per step too (reduce_sum), and a run
+// broadcasts rank 0's weights before its first step and meets at a barrier after each checkpoint.
 //
 // With the optimizer state sharded (ZeRO-1, --shard_optimizer_state) each parameter has one owner
 // rank (partition): the reductions leave the summed gradient with the owner only (the others drop
@@ -35,6 +40,9 @@ public:
 
     virtual void reduce_all(const std::vector<at::Tensor>& /*params*/) {}
     virtual void reduce_one(size_t /*index*/, const at::Tensor& /*param*/) {}
+    virtual bool reduces_during_backward() const { return false; }
+    virtual void begin_backward(const std::vector<at::Tensor>& /*params*/) {}
+    virtual void grad_ready(size_t /*index*/) {}
     virtual double reduce_sum(double value) { return value; }
     virtual void broadcast_parameters(const std::vector<at::Tensor>& /*params*/) {}
     virtual void barrier(const std::string& /*what*/) {}

@@ -93,16 +93,19 @@ RankShare rank_share(int64_t batch, int rank, int world_size) {
     return s;
 }
 
-// The fused backward pass: a post hook on each parameter's gradient accumulator, which runs once
-// the gradient is complete (accumulated), updates that parameter and frees its gradient. This is
-// what PyTorch 2.1's register_post_accumulate_grad_hook does; LibTorch has no public API for it,
-// so the hook goes on the accumulator node, which the hook's owner keeps alive (a variable holds
-// its accumulator only weakly, and a new one would have no hook).
-class TrainStep::FusedUpdate {
+// A post hook on each parameter's gradient accumulator, which runs once the gradient of this
+// backward pass is complete (accumulated): what PyTorch 2.1's register_post_accumulate_grad_hook
+// does. LibTorch has no public API for it, so the hook goes on the accumulator node, which this
+// object keeps alive (a variable holds its accumulator only weakly, and a new one would have no
+// hook). An accumulator runs once per backward pass with every remedy: recomputed pieces of a
+// block return their parameters' gradients to one node instead of accumulating them piece by
+// piece (model/common/checkpoint.h).
+class TrainStep::GradReadyHooks {
 public:
-    FusedUpdate(AdamW& adamw, GradientSync& sync) : adamw_(adamw), sync_(sync) {
-        for (size_t i = 0; i < adamw.size(); ++i) {
-            auto accumulator = torch::autograd::impl::grad_accumulator(adamw.param(i));
+    GradReadyHooks(const std::vector<at::Tensor>& params, std::function<void(size_t)> on_ready)
+        : on_ready_(std::move(on_ready)) {
+        for (size_t i = 0; i < params.size(); ++i) {
+            auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
             SF_CHECK(accumulator != nullptr,
                      "a trainable parameter without a gradient accumulator");
             auto hook = std::make_unique<Hook>(this, i);
@@ -111,7 +114,7 @@ public:
             accumulators_.push_back(std::move(accumulator));
         }
     }
-    ~FusedUpdate() {
+    ~GradReadyHooks() {
         // Other backward passes over these parameters must not call into a dead trainer.
         for (size_t i = 0; i < accumulators_.size(); ++i) {
             auto& hooks = accumulators_[i]->post_hooks();
@@ -120,37 +123,59 @@ public:
                         hooks.end());
         }
     }
-    // Armed for the last micro-batch's backward only; earlier ones accumulate as usual.
+    GradReadyHooks(const GradReadyHooks&) = delete;
+    GradReadyHooks& operator=(const GradReadyHooks&) = delete;
+    // Armed for the last backward pass of a step only; earlier ones accumulate as usual.
+    void arm() { armed_ = true; }
+    void disarm() { armed_ = false; }
+
+private:
+    struct Hook final : torch::autograd::FunctionPostHook {
+        Hook(GradReadyHooks* owner, size_t index) : owner(owner), index(index) {}
+        torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                                  const torch::autograd::variable_list&) override {
+            if (owner->armed_) owner->on_ready_(index);
+            return outputs;
+        }
+        GradReadyHooks* owner;
+        size_t index;
+    };
+    std::function<void(size_t)> on_ready_;
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+    std::vector<Hook*> hooks_;
+    bool armed_ = false;
+};
+
+// The fused backward pass: each parameter reduced across ranks, updated and its gradient freed
+// as soon as the gradient is complete.
+class TrainStep::FusedUpdate {
+public:
+    FusedUpdate(AdamW& adamw, GradientSync& sync)
+        : adamw_(adamw), sync_(sync), hooks_(params_of(adamw), [this](size_t i) { apply(i); }) {}
     void arm(double lr) {
-        armed_ = true;
         lr_ = lr;
         applied_ = 0;
+        hooks_.arm();
     }
-    void disarm() { armed_ = false; }
+    void disarm() { hooks_.disarm(); }
     // Parameters updated since the last arm(): a step that failed after any cannot be retried.
     int64_t applied() const { return applied_; }
 
 private:
-    struct Hook final : torch::autograd::FunctionPostHook {
-        Hook(FusedUpdate* owner, size_t index) : owner(owner), index(index) {}
-        torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                                  const torch::autograd::variable_list&) override {
-            if (owner->armed_) {
-                owner->sync_.reduce_one(index, owner->adamw_.param(index));
-                owner->adamw_.step_one(index, owner->lr_);
-                owner->adamw_.drop_grad(index);
-                ++owner->applied_;
-            }
-            return outputs;
-        }
-        FusedUpdate* owner;
-        size_t index;
-    };
+    static std::vector<at::Tensor> params_of(const AdamW& adamw) {
+        std::vector<at::Tensor> params;
+        for (size_t i = 0; i < adamw.size(); ++i) params.push_back(adamw.param(i));
+        return params;
+    }
+    void apply(size_t index) {
+        sync_.reduce_one(index, adamw_.param(index));
+        adamw_.step_one(index, lr_);
+        adamw_.drop_grad(index);
+        ++applied_;
+    }
     AdamW& adamw_;
     GradientSync& sync_;
-    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-    std::vector<Hook*> hooks_;
-    bool armed_ = false;
+    GradReadyHooks hooks_;
     double lr_ = 0;
     int64_t applied_ = 0;
 };
@@ -184,7 +209,12 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
     model_->set_blocks_to_swap(options_.blocks_to_swap, device_);
     apply_model_remedies();
     model_->module().train();
-    if (options_.fused_backward) fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
+    if (options_.fused_backward) {
+        fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
+    } else if (sync_->reduces_during_backward()) {
+        sync_ready_ =
+            std::make_unique<GradReadyHooks>(params_, [this](size_t i) { sync_->grad_ready(i); });
+    }
 }
 
 TrainStep::~TrainStep() = default;
@@ -257,6 +287,7 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
     // Release what the failed step holds before reporting, so a caller that adapts can retry.
     adamw_->zero_grad();
     if (fused_) fused_->disarm();
+    if (sync_ready_) sync_ready_->disarm();
     mem::release_memory(fmt::format("train step {} after running out of memory", step_ + 1));
     throw Error::OutOfMemory(
         fmt::format("out of memory in the {} phase of step {}: {}. Flags that lower it: {}", phase,
@@ -359,8 +390,13 @@ void TrainStep::forward_backward(MicroBatch& mb, const NoisedBatch& noised, bool
         begin_phase();
         const bool last = last_micro_batch && j + 1 == split;
         if (fused_ && last) fused_->arm(lr);
+        if (sync_ready_ && last) {
+            sync_->begin_backward(params_);
+            sync_ready_->arm();
+        }
         scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
         if (fused_) fused_->disarm();
+        if (sync_ready_) sync_ready_->disarm();
         end_phase(phase);
         first += count;
     }

@@ -141,6 +141,7 @@ public:
     std::string phase_table() const;
 
 private:
+    class GradReadyHooks;
     class FusedUpdate;
     // How this micro-batch's timesteps are laid out (per sample, chunks, image-to-video).
     FrameTimesteps frame_timesteps(const MicroBatch& mb, at::Generator& gen) const;
@@ -169,6 +170,7 @@ private:
     c10::ScalarType autocast_dtype_ = c10::kFloat;  // from options_.mixed_precision
     LossScaler scaler_;
     std::unique_ptr<FusedUpdate> fused_;
+    std::unique_ptr<GradReadyHooks> sync_ready_;  // when the sync reduces during the backward
     int64_t step_ = 0;
     std::map<std::string, PhasePeak> peaks_;
     double phase_begin_ = 0;  // mem::process_seconds() when the current phase began
