@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <vector>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "core/timeline.h"
 #include "core/torch_compat.h"
@@ -310,6 +312,41 @@ Stats cuda_stats(int device) { return compat::cuda_allocator_stats(device); }
 bool cuda_available() { return compat::cuda_is_available(); }
 int64_t cuda_free_bytes(int device) { return compat::cuda_free_bytes(device); }
 void cuda_empty_cache() { compat::cuda_empty_cache(); }
+
+void require_cuda_snapshot() {
+    if (!compat::kCudaMemorySnapshot || !compat::cuda_is_available()) {
+        throw Error::InvalidArgument(
+            compat::kCudaMemorySnapshot
+                ? "--memory_snapshot records the CUDA caching allocator: no CUDA device here"
+                : "--memory_snapshot records the CUDA caching allocator: this build's LibTorch "
+                  "has none (a CUDA LibTorch 2.1 or newer has: tools/build.sh --torch2)");
+    }
+}
+
+namespace {
+constexpr size_t kSnapshotEntries = 200000;  // allocations and frees kept (the newest)
+}  // namespace
+
+void start_cuda_history() {
+    require_cuda_snapshot();
+    compat::cuda_record_memory_history(true, kSnapshotEntries);
+}
+
+void write_cuda_snapshot(const std::string& path) {
+    require_cuda_snapshot();
+    const std::string bytes = compat::cuda_memory_snapshot();
+    compat::cuda_record_memory_history(false, 0);
+    const std::string temp = path + ".tmp";
+    {
+        std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        if (!out.flush()) throw Error::IOError("cannot write the memory snapshot " + temp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(temp, path, ec);
+    if (ec)
+        throw Error::IOError("cannot rename the memory snapshot to " + path + ": " + ec.message());
+}
 
 int64_t cpu_pooled_bytes() { return pool().pooled(); }
 void set_cpu_pool_limit(int64_t bytes) { pool().set_limit(bytes < 0 ? 0 : bytes); }

@@ -78,6 +78,16 @@ int64_t cuda_free_bytes(int device = 0);
 // Returns cached blocks to the driver. A no-op without CUDA.
 void cuda_empty_cache();
 
+// --memory_snapshot: from start_cuda_history() on, the CUDA caching allocator records every
+// allocation and free with its C++ stack; write_cuda_snapshot(path) writes its segments and
+// that history as torch.cuda.memory._dump_snapshot does (a pickle: pytorch.org/memory_viz draws
+// the timeline with its peak and each block's stack) and stops recording. Only a CUDA LibTorch
+// 2.1 or newer on a machine with a GPU can: elsewhere require_cuda_snapshot() and both are
+// kInvalidArgument saying which is missing.
+void require_cuda_snapshot();
+void start_cuda_history();
+void write_cuda_snapshot(const std::string& path);
+
 // Resets the peaks of the CPU counter, the CUDA allocator and (where the kernel allows) the
 // process's peak resident set, so that the next peak belongs to the next phase.
 void reset_peak();

@@ -26,6 +26,10 @@
 #if defined(SANAFLOW_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#include <torch/csrc/cuda/memory_snapshot.h>
+#define SF_CUDA_MEMORY_SNAPSHOT 1
+#endif
 #endif
 
 namespace c10d {
@@ -180,6 +184,28 @@ inline void cuda_empty_cache() {
     if (cuda_is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
+
+// The caching allocator's history (every allocation and free with its C++ stack, the last
+// `entries`) and its snapshot in torch.cuda.memory._dump_snapshot's pickle format, which
+// pytorch.org/memory_viz draws. A CUDA LibTorch 2.1 or newer has them (kCudaMemorySnapshot).
+#if defined(SF_CUDA_MEMORY_SNAPSHOT)
+constexpr bool kCudaMemorySnapshot = true;
+inline void cuda_record_memory_history(bool on, size_t entries) {
+    // The std::optional<std::string> overload ("all": trace and state; a plain string would
+    // convert to the older bool overload's first argument).
+    if (on) {
+        torch::cuda::_record_memory_history(std::optional<std::string>("all"),
+                                            std::optional<std::string>("all"), "cpp", entries);
+    } else {
+        torch::cuda::_record_memory_history(std::optional<std::string>());
+    }
+}
+inline std::string cuda_memory_snapshot() { return torch::cuda::_memory_snapshot_pickled(); }
+#else
+constexpr bool kCudaMemorySnapshot = false;
+inline void cuda_record_memory_history(bool, size_t) {}
+inline std::string cuda_memory_snapshot() { return {}; }
+#endif
 
 // softmax(q k^T / sqrt(d) + bias) v over [B, H, L, d] tensors; `bias` is an additive float mask
 // broadcastable to [B, H, Lq, Lk], or undefined for none. 2.0 and later dispatch to the fused

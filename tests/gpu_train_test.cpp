@@ -1,15 +1,24 @@
 // On a CUDA device (skipped without one): the caching allocator's statistics, a training step
 // on the GPU against the same step on the CPU, the remedies lowering the CUDA peak, and the text
-// encoder's sequential offload. tools/gpu_check.sh builds and runs these on a GPU machine.
+// encoder's sequential offload, and data-parallel gradients through NCCL. tools/gpu_check.sh
+// builds and runs these on a GPU machine.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "core/error.h"
 #include "core/memory.h"
 #include "model/common/lora.h"
 #include "model/gemma/gemma2.h"
 #include "model/sana/sana_transformer.h"
+#include "stages/distributed/data_parallel_sync.h"
 #include "stages/train/train_step.h"
+#include "test_util.h"
 
 namespace {
 
@@ -159,6 +168,98 @@ TEST(GpuOffload, TextEncoderLayersOneAtATimeKeepTheDevicePeakBelowTheWeights) {
     EXPECT_TRUE(torch::allclose(offloaded, on_cpu, 1e-3, 1e-4));
     EXPECT_LT(offload_peak, weight_bytes / 2)
         << "offload peak " << offload_peak << " weights " << weight_bytes;
+}
+
+// --memory_snapshot's file: the history of two CUDA steps in torch.cuda.memory._dump_snapshot's
+// pickle, with the allocator's segments and the trace of allocations pytorch.org/memory_viz
+// draws.
+TEST(GpuMemory, SnapshotOfTwoStepsIsAPickleWithSegmentsAndTheirTrace) {
+    SKIP_WITHOUT_CUDA();
+    try {
+        sf::mem::require_cuda_snapshot();
+    } catch (const sf::Error& e) {
+        GTEST_SKIP() << e.what();
+    }
+    sf::mem::start_cuda_history();
+    cuda_step_peak({}, 16);
+    const auto path = std::filesystem::temp_directory_path() / "sf_gpu_snapshot.pickle";
+    sf::mem::write_cuda_snapshot(path.string());
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::filesystem::remove(path);
+    ASSERT_GT(bytes.size(), 1000u);
+    EXPECT_EQ(static_cast<unsigned char>(bytes[0]), 0x80) << "a pickle starts with PROTO";
+    EXPECT_NE(bytes.find("segments"), std::string::npos);
+    EXPECT_NE(bytes.find("device_traces"), std::string::npos);
+    EXPECT_NE(bytes.find("alloc"), std::string::npos);
+}
+
+// One rank per GPU (two at most; one on a one-GPU machine), threads of this process, the buckets
+// (4 KiB, so many) all-reduced by NCCL from inside the backward pass: each rank's gradients are
+// those of one process with the whole batch on cuda:0.
+TEST(GpuDataParallel, NcclRanksGetTheWholeBatchsGradients) {
+    SKIP_WITHOUT_CUDA();
+    if (!sf::distributed::nccl_built()) GTEST_SKIP() << "no NCCL in this build";
+    const int ranks = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+    const auto b = batch(16);
+    auto grads_of = [&](SanaTransformer model, c10::Device device,
+                        std::shared_ptr<sf::train::GradientSync> sync) {
+        model->to(device);
+        sf::train::TrainStepOptions o;
+        o.keep_gradients = true;
+        sf::train::AdamWOptions a;
+        a.lr = 0;
+        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), a,
+                                  sf::train::LRSchedule("constant", 0, 0, 10), o, device,
+                                  std::move(sync));
+        at::Generator gen = at::detail::createCPUGenerator(0);
+        step.step([&](int64_t) { return b; }, gen);
+        std::vector<at::Tensor> grads;
+        for (const auto& p : model->parameters()) grads.push_back(p.grad().cpu());
+        return grads;
+    };
+    auto seeded = [] {
+        torch::manual_seed(1);
+        return SanaTransformer(config());
+    };
+    const auto reference = grads_of(seeded(), c10::Device(c10::kCUDA, 0), nullptr);
+    std::vector<SanaTransformer> models;
+    for (int r = 0; r < ranks; ++r) models.push_back(seeded());
+    const int port = sf::test::free_port();
+    std::vector<std::vector<at::Tensor>> grads(ranks);
+    std::vector<int64_t> started(ranks), buckets(ranks);
+    std::vector<std::string> errors(ranks);
+    auto rank = [&](int r) {
+        try {
+            sf::distributed::LaunchEnv env;
+            env.launcher = "torchrun";
+            env.rank = env.local_rank = r;
+            env.world_size = env.local_world_size = ranks;
+            env.master_port = port;
+            auto world = std::make_shared<sf::distributed::World>(
+                env, sf::distributed::WorldOptions{"nccl", std::chrono::seconds(120)}, true);
+            auto sync = std::make_shared<sf::distributed::DataParallelSync>(world, 4096);
+            grads[r] = grads_of(models[r], c10::Device(c10::kCUDA, r), sync);
+            started[r] = sync->buckets_started_in_backward();
+            buckets[r] = static_cast<int64_t>(sync->bucket_count());
+        } catch (const std::exception& e) {
+            errors[r] = e.what();
+        }
+    };
+    std::vector<std::thread> others;
+    for (int r = 1; r < ranks; ++r) others.emplace_back(rank, r);
+    rank(0);
+    for (auto& t : others) t.join();
+    for (int r = 0; r < ranks; ++r) {
+        ASSERT_EQ(errors[r], "") << "rank " << r;
+        EXPECT_GT(buckets[r], 4);
+        EXPECT_EQ(started[r], buckets[r]) << "rank " << r;
+        ASSERT_EQ(grads[r].size(), reference.size());
+        for (size_t i = 0; i < reference.size(); ++i) {
+            EXPECT_TRUE(torch::allclose(grads[r][i], reference[i], 1e-3, 1e-5))
+                << "rank " << r << ", parameter " << i;
+        }
+    }
 }
 
 }  // namespace

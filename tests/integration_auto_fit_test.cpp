@@ -57,18 +57,6 @@ TrainOptions auto_fit_options(const std::string& out) {
     return o;
 }
 
-// The highest forward or backward peak of a run, as its metrics record it.
-int64_t step_peak(const std::string& dir) {
-    int64_t peak = 0;
-    std::istringstream lines(sf::test::read_file(fs::path(dir) / "metrics.jsonl"));
-    for (std::string line; std::getline(lines, line);) {
-        const auto bytes = nlohmann::json::parse(line).at("peak_bytes");
-        for (const char* phase : {"forward", "backward"})
-            peak = std::max(peak, bytes.at(phase).get<int64_t>());
-    }
-    return peak;
-}
-
 std::vector<double> losses_in(const std::string& output_dir) {
     auto j =
         nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
@@ -100,7 +88,7 @@ std::pair<int64_t, int64_t> whole_and_split_peaks(TrainOptions o, const TempDir&
     o.output_dir = out.file("split");
     o.micro_batch_split = 2;
     sf::pipelines::run_train(o);
-    return {step_peak(out.file("whole")), step_peak(out.file("split"))};
+    return {sf::test::step_peak(out.file("whole")), sf::test::step_peak(out.file("split"))};
 }
 
 // Under a byte budget that the first step does not fit at micro-batch 4, the run (its plan off:
@@ -156,7 +144,7 @@ TEST(TrainAutoFit, PlansBeforeTheFirstStepAndEndsAsARunStartedThatWay) {
     const auto report = sf::pipelines::run_train(fitted);
     ASSERT_FALSE(report.planned_changes.empty());
     EXPECT_TRUE(report.out_of_memory_changes.empty()) << report.out_of_memory_changes.front();
-    EXPECT_LE(step_peak(fitted.output_dir), budget);
+    EXPECT_LE(sf::test::step_peak(fitted.output_dir), budget);
 
     auto started = relieved(o, report.planned_changes.size());
     started.output_dir = out.file("started");
@@ -175,7 +163,7 @@ TEST(TrainAutoFit, RefusesARunThatNothingFitsWithThePlansTable) {
     sf::pipelines::run_train(floor);
     auto o = auto_fit_options(out.file("refused"));
     o.auto_fit = true;
-    o.memory_budget = std::to_string(step_peak(floor.output_dir) / 2);
+    o.memory_budget = std::to_string(sf::test::step_peak(floor.output_dir) / 2);
     try {
         sf::pipelines::run_train(o);
         ADD_FAILURE() << "a run that cannot fit was not refused";

@@ -427,6 +427,19 @@ TEST(TrainIntegration, ARecordDamagedInsideStopsTrainingUnlessSkippedThenItIsLef
     EXPECT_EQ(summary.at("damaged_samples").get<int64_t>(), 1);
 }
 
+// --memory_snapshot records the CUDA caching allocator: on the CPU it is refused before any
+// step, naming the flag and the file that has the CPU's memory instead.
+TEST(TrainIntegration, MemorySnapshotOnTheCpuIsRefusedNamingTheFlag) {
+    TempDir out("sf_train_snapshot");
+    TrainOptions o = train_options(out.path().string());
+    o.memory_snapshot = true;
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kInvalidArgument,
+                           "--memory_snapshot");
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kInvalidArgument,
+                           "memory_timeline.json");
+    EXPECT_FALSE(fs::exists(out.path() / "training_summary.json"));
+}
+
 TEST(TrainIntegration, ResumeRefusesAnotherCacheOrScheduleUnlessAllowed) {
     TempDir out("sf_train_data"), other("sf_train_other");
     TrainOptions o = train_options(out.path().string());

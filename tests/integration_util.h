@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -98,6 +100,18 @@ inline int wait_for(pid_t pid) {
 }
 
 // The mean of v[from, to).
+// The highest forward or backward peak of a run's steps, as its metrics.jsonl records them.
+inline int64_t step_peak(const std::filesystem::path& output_dir) {
+    int64_t peak = 0;
+    std::istringstream lines(read_file(output_dir / "metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+        const auto bytes = nlohmann::json::parse(line).at("peak_bytes");
+        for (const char* phase : {"forward", "backward"})
+            peak = std::max(peak, bytes.at(phase).get<int64_t>());
+    }
+    return peak;
+}
+
 inline double mean(const std::vector<double>& v, size_t from, size_t to) {
     double s = 0;
     for (size_t i = from; i < to; ++i) s += v[i];

@@ -195,6 +195,35 @@ TEST(TrainVideoIntegration, JointTrainingAlternatesAndAKilledRunResumesBothSampl
     }
 }
 
+// --auto_fit --memory_budget on a video cache: the plan (the video transformer's, on the largest
+// window) turns remedies on before the first step, and no step then runs out of the budget.
+TEST(TrainVideoIntegration, AutoFitPlansAVideoRunUnderItsBudget) {
+    REQUIRE_FFMPEG();
+    TempDir out("sf_video_auto_fit");
+    auto o = video_train_options(out.file("whole"));
+    o.max_train_steps = 2;
+    sf::pipelines::run_train(o);
+    auto split = o;
+    split.output_dir = out.file("split");
+    split.micro_batch_split = 2;
+    sf::pipelines::run_train(split);
+    // Between the two: the plan must turn on at least the split.
+    const int64_t budget =
+        (sf::test::step_peak(o.output_dir) + sf::test::step_peak(split.output_dir)) / 2;
+
+    auto fitted = o;
+    fitted.output_dir = out.file("fitted");
+    fitted.auto_fit = true;
+    fitted.memory_budget = std::to_string(budget);
+    fitted.plan_calibration = out.file("plan-calibration.json");
+    fitted.plan_calibration_points = 48;
+    const auto report = sf::pipelines::run_train(fitted);
+    ASSERT_FALSE(report.planned_changes.empty());
+    EXPECT_TRUE(report.out_of_memory_changes.empty()) << report.out_of_memory_changes.front();
+    EXPECT_EQ(report.steps, 2);
+    EXPECT_LE(sf::test::step_peak(fitted.output_dir), budget);
+}
+
 TEST(TrainVideoIntegration, AnImageTransformerConfigOnAVideoCacheIsRefused) {
     REQUIRE_FFMPEG();
     TempDir out("sf_video_wrong_model");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -18,6 +19,7 @@
 #include "model/sana/sana_transformer.h"
 #include "stages/distributed/data_parallel_sync.h"
 #include "stages/distributed/launch_env.h"
+#include "stages/distributed/world.h"
 #include "stages/distributed/zero_sharding.h"
 #include "stages/train/train_step.h"
 #include "test_util.h"
@@ -163,6 +165,37 @@ TEST(ZeroPartition, BalancesBytesWithinTheLargestParameterAndIsTheSameEachTime) 
     }
 }
 
+// Rank r of a world of `size` ranks that are threads of this process (Gloo on 127.0.0.1).
+std::shared_ptr<sf::distributed::World> thread_rank(int r, int size, int port) {
+    sf::distributed::LaunchEnv env;
+    env.launcher = "torchrun";
+    env.rank = env.local_rank = r;
+    env.world_size = env.local_world_size = size;
+    env.master_port = port;
+    sf::distributed::WorldOptions o;
+    o.timeout = std::chrono::seconds(60);
+    return std::make_shared<sf::distributed::World>(env, o, false);
+}
+
+// Runs body(r) for ranks 0 and 1, rank 1 on a thread of its own; false (with each error as a
+// test failure) when either threw.
+bool on_two_ranks(const std::function<void(int)>& body) {
+    std::array<std::string, 2> errors;
+    auto rank = [&](int r) {
+        try {
+            body(r);
+        } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+        }
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    EXPECT_EQ(errors[0], "");
+    EXPECT_EQ(errors[1], "");
+    return errors[0].empty() && errors[1].empty();
+}
+
 // Two ranks (threads, Gloo on 127.0.0.1): each gradient's sum lands with its owner only, each
 // owner's new weights reach the other rank, and rank 0 gathers every rank's state.
 TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
@@ -171,43 +204,25 @@ TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
     std::vector<std::vector<bool>> owned(2);
     std::vector<std::vector<torch::Tensor>> params(2), grads(2);
     std::vector<std::map<std::string, at::Tensor>> gathered(2);
-    std::vector<std::string> errors(2);
-    auto rank = [&](int r) {
-        try {
-            sf::distributed::LaunchEnv env;
-            env.launcher = "torchrun";
-            env.rank = env.local_rank = r;
-            env.world_size = env.local_world_size = 2;
-            env.master_port = port;
-            sf::distributed::WorldOptions o;
-            o.timeout = std::chrono::seconds(30);
-            auto world = std::make_shared<sf::distributed::World>(env, o, false);
-            sf::distributed::ShardedStateSync sync(world);
-            for (int64_t n : sizes) {
-                params[r].push_back(torch::full({n}, 1.0).requires_grad_());
-                params[r].back().mutable_grad() = torch::full({n}, r + 1.0);
-            }
-            owned[r] = sync.partition(params[r]);
-            sync.reduce_all(params[r]);
-            for (const auto& p : params[r]) grads[r].push_back(p.grad());
-            std::map<std::string, at::Tensor> mine;
-            for (size_t i = 0; i < sizes.size(); ++i) {
-                if (!owned[r][i]) continue;
-                torch::NoGradGuard no_grad;
-                params[r][i].add_(static_cast<double>(i + 1));  // the owner's update
-                mine[std::to_string(i) + ".exp_avg"] = torch::full({sizes[i]}, 10.0 * i + r);
-            }
-            sync.share_updates(params[r]);
-            gathered[r] = sync.gather_state(mine);
-        } catch (const std::exception& e) {
-            errors[r] = e.what();
+    ASSERT_TRUE(on_two_ranks([&](int r) {
+        sf::distributed::ShardedStateSync sync(thread_rank(r, 2, port));
+        for (int64_t n : sizes) {
+            params[r].push_back(torch::full({n}, 1.0).requires_grad_());
+            params[r].back().mutable_grad() = torch::full({n}, r + 1.0);
         }
-    };
-    std::thread other(rank, 1);
-    rank(0);
-    other.join();
-    ASSERT_EQ(errors[0], "");
-    ASSERT_EQ(errors[1], "");
+        owned[r] = sync.partition(params[r]);
+        sync.reduce_all(params[r]);
+        for (const auto& p : params[r]) grads[r].push_back(p.grad());
+        std::map<std::string, at::Tensor> mine;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+            if (!owned[r][i]) continue;
+            torch::NoGradGuard no_grad;
+            params[r][i].add_(static_cast<double>(i + 1));  // the owner's update
+            mine[std::to_string(i) + ".exp_avg"] = torch::full({sizes[i]}, 10.0 * i + r);
+        }
+        sync.share_updates(params[r]);
+        gathered[r] = sync.gather_state(mine);
+    }));
     std::array<int64_t, 2> bytes = {0, 0};
     for (size_t i = 0; i < sizes.size(); ++i) {
         SCOPED_TRACE(i);
@@ -224,18 +239,6 @@ TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
     }
     EXPECT_EQ(gathered[0].size(), sizes.size());
     EXPECT_EQ(std::max(bytes[0], bytes[1]), 24 + 20);  // 40 + 3 on the other
-}
-
-// Rank r of a world of `size` ranks that are threads of this process (Gloo on 127.0.0.1).
-std::shared_ptr<sf::distributed::World> thread_rank(int r, int size, int port) {
-    sf::distributed::LaunchEnv env;
-    env.launcher = "torchrun";
-    env.rank = env.local_rank = r;
-    env.world_size = env.local_world_size = size;
-    env.master_port = port;
-    sf::distributed::WorldOptions o;
-    o.timeout = std::chrono::seconds(60);
-    return std::make_shared<sf::distributed::World>(env, o, false);
 }
 
 // Two ranks of one sample each get the gradients one rank of both gets, with every gradient
@@ -273,23 +276,13 @@ TEST(DataParallelSync, BucketsStartInsideTheBackwardAndSumToTheWholeBatchsGradie
     const int port = sf::test::free_port();
     std::vector<std::vector<std::pair<std::string, at::Tensor>>> weights(2);  // with grads
     std::vector<int64_t> started(2), buckets(2);
-    std::vector<std::string> errors(2);
-    auto rank = [&](int r) {
-        try {
-            auto sync = std::make_shared<sf::distributed::DataParallelSync>(thread_rank(r, 2, port),
-                                                                            /*bucket_bytes=*/4096);
-            weights[r] = train(models[static_cast<size_t>(r)], sync);
-            started[r] = sync->buckets_started_in_backward();
-            buckets[r] = static_cast<int64_t>(sync->bucket_count());
-        } catch (const std::exception& e) {
-            errors[r] = e.what();
-        }
-    };
-    std::thread other(rank, 1);
-    rank(0);
-    other.join();
-    ASSERT_EQ(errors[0], "");
-    ASSERT_EQ(errors[1], "");
+    ASSERT_TRUE(on_two_ranks([&](int r) {
+        auto sync = std::make_shared<sf::distributed::DataParallelSync>(thread_rank(r, 2, port),
+                                                                        /*bucket_bytes=*/4096);
+        weights[r] = train(models[static_cast<size_t>(r)], sync);
+        started[r] = sync->buckets_started_in_backward();
+        buckets[r] = static_cast<int64_t>(sync->bucket_count());
+    }));
     EXPECT_GT(buckets[0], 4);
     for (int r = 0; r < 2; ++r) EXPECT_EQ(started[r], buckets[r]) << "rank " << r;
     for (int r = 0; r < 2; ++r) {
@@ -299,6 +292,59 @@ TEST(DataParallelSync, BucketsStartInsideTheBackwardAndSumToTheWholeBatchsGradie
                                         1e-4, 1e-6))
                 << "rank " << r << ": " << reference[i].first;
         }
+    }
+}
+
+TEST(World, BackendsResolveOrAreRefusedNamingTheFlag) {
+    using sf::distributed::resolve_backend;
+    EXPECT_EQ(resolve_backend("gloo", false), "gloo");
+    EXPECT_EQ(resolve_backend("gloo", true), "gloo");
+    EXPECT_EQ(resolve_backend("auto", false), "gloo");
+    EXPECT_EQ(resolve_backend("auto", true), sf::distributed::nccl_built() ? "nccl" : "gloo");
+    auto refusal = [](const std::string& backend, bool cuda) {
+        try {
+            resolve_backend(backend, cuda);
+        } catch (const sf::Error& e) {
+            EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument);
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    const std::string cpu_nccl = refusal("nccl", false);
+    EXPECT_NE(cpu_nccl.find("--ddp_backend nccl"), std::string::npos) << cpu_nccl;
+    EXPECT_NE(cpu_nccl.find(sf::distributed::nccl_built() ? "--device cuda" : "no NCCL"),
+              std::string::npos)
+        << cpu_nccl;
+    if (sf::distributed::nccl_built()) {
+        EXPECT_EQ(resolve_backend("nccl", true), "nccl");
+    }
+    const std::string unknown = refusal("mpi", false);
+    EXPECT_NE(unknown.find("--ddp_backend mpi"), std::string::npos) << unknown;
+}
+
+// Where the build has NCCL: on a GPU one rank's NCCL all-reduce of a CUDA tensor leaves it as it
+// is; without one the process group is refused with a message naming it. Either way nothing
+// crashes: ProcessGroupNCCL's inline parts and LibTorch agree on its layout (a mismatched nccl.h
+// corrupted the heap at its construction).
+TEST(World, TheNcclProcessGroupRunsOrIsRefusedWithoutAGpu) {
+    if (!sf::distributed::nccl_built()) GTEST_SKIP() << "no NCCL in this build";
+    try {
+        auto world = std::make_shared<sf::distributed::World>(
+            [] {
+                sf::distributed::LaunchEnv env;
+                env.launcher = "torchrun";
+                env.world_size = env.local_world_size = 1;
+                env.master_port = sf::test::free_port();
+                return env;
+            }(),
+            sf::distributed::WorldOptions{"nccl", std::chrono::seconds(60)}, true);
+        ASSERT_TRUE(torch::cuda::is_available()) << "NCCL started without a GPU";
+        std::vector<at::Tensor> t = {torch::arange(8, torch::kFloat).cuda()};
+        world->all_reduce_sum(t, "a test all-reduce");
+        EXPECT_TRUE(torch::equal(t[0].cpu(), torch::arange(8, torch::kFloat)));
+    } catch (const sf::Error& e) {
+        EXPECT_FALSE(torch::cuda::is_available()) << e.what();
+        EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
     }
 }
 

@@ -20,6 +20,9 @@ if [ -d .deps ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 bash tools/build.sh --torch2 -DSANAFLOW_WITH_MEDIA=OFF
+# The unit and gpu tests include NCCL: World.TheNcclProcessGroupRunsOrIsRefusedWithoutAGpu (one
+# rank's all-reduce on cuda:0) and GpuDataParallel.NcclRanksGetTheWholeBatchsGradients (a rank per
+# GPU, two at most, the gradient buckets all-reduced by NCCL from inside the backward pass).
 ctest --test-dir build-torch2 -L 'unit|gpu' --output-on-failure
 build-torch2/tests/gpu_tests --gtest_brief=0
 build-torch2/tools/bench/memory_ablation --device cuda --grids "$grid"

@@ -359,7 +359,11 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
                                       /*allow_unused=*/true);
             for (size_t i = 0; i < params.size(); ++i) {
                 if (!found[i].defined()) continue;
-                grad_params[i] = grad_params[i].defined() ? grad_params[i] + found[i] : found[i];
+                if (grad_params[i].defined()) {
+                    grad_params[i].add_(found[i]);
+                } else {
+                    grad_params[i] = found[i];
+                }
             }
             if (grad_x.defined()) grad_x.narrow(2, c.lo, c.hi - c.lo) += found.back();
         }

@@ -399,6 +399,34 @@ train::StepResult fitted_step(const TrainOptions& o, const train::TrainingSet& s
     }
 }
 
+// --memory_snapshot: the CUDA caching allocator's history over the run's first two steps (the
+// second holds the optimizer state too: a run's peak), then OUTPUT_DIR/memory_snapshot.pickle
+// (memory_snapshot.rank-N.pickle for rank N of a launch).
+class SnapshotWindow {
+public:
+    SnapshotWindow(const TrainOptions& o, int64_t first_step) {
+        if (!o.memory_snapshot) return;
+        last_step_ = first_step + 2;
+        path_ = (fs::path(o.output_dir) /
+                 distributed::per_rank_name("memory_snapshot.pickle", distributed::launch_env()))
+                    .string();
+        mem::start_cuda_history();
+    }
+    void after_step(int64_t step, int64_t max_steps) {
+        if (path_.empty() || (step < last_step_ && step < max_steps)) return;
+        mem::write_cuda_snapshot(path_);
+        log_info(
+            "train: the CUDA allocator's history up to step {} is in {} (open it at "
+            "pytorch.org/memory_viz)",
+            step, path_);
+        path_.clear();
+    }
+
+private:
+    int64_t last_step_ = 0;
+    std::string path_;  // empty: nothing to write
+};
+
 void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
                std::optional<std::string>& last_checkpoint, StepSinks& sinks,
@@ -406,12 +434,14 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
     train::TrainStep& trainer = run.step;
     const bool writes = trainer.gradient_sync().writes_files();
     graph::Progress progress("train", o.max_train_steps - trainer.steps_done());
+    SnapshotWindow snapshot(o, trainer.steps_done());
     while (trainer.steps_done() < o.max_train_steps) {
         const auto start = std::chrono::steady_clock::now();
         int64_t samples = 0;
         const train::StepResult r = fitted_step(o, set, samplers, run, report, samples);
         stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
+        snapshot.after_step(r.step, o.max_train_steps);
         progress.advance(1);
         sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
@@ -608,6 +638,13 @@ TrainReport run_train(const TrainOptions& options) {
          distributed::per_rank_name(mem::kTimelineFileName, distributed::launch_env()))
             .string());
     const c10::Device device = resolve_device(o.device);
+    if (o.memory_snapshot && !device.is_cuda()) {
+        throw Error::InvalidArgument(fmt::format(
+            "--memory_snapshot records the CUDA caching allocator: use it with --device cuda (the "
+            "run is on {}; OUTPUT_DIR/{} has the counted memory of every device)",
+            device.str(), mem::kTimelineFileName));
+    }
+    if (o.memory_snapshot) mem::require_cuda_snapshot();
     if (o.allow_tf32) {
         at::globalContext().setAllowTF32CuBLAS(true);
         at::globalContext().setAllowTF32CuDNN(true);

@@ -42,6 +42,9 @@ struct TrainOptions {
     // budget, past which an allocation is out of memory; with --auto_fit what the plan before
     // the first step fits the run's settings to (stages/plan/start_plan.h).
     std::string memory_budget;
+    // CUDA: the caching allocator's history over the first two steps, written to
+    // OUTPUT_DIR/memory_snapshot.pickle (pytorch.org/memory_viz).
+    bool memory_snapshot = false;
     // Data parallel (a torchrun or Slurm launch: stages/distributed/launch_env.h): the process
     // group's backend ("auto": NCCL on CUDA where built, else Gloo) and how long any collective
     // or the rendezvous may wait, in seconds. --train_batch_size is per rank.

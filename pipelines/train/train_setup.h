@@ -54,8 +54,8 @@ std::vector<std::string> split_csv(const std::string& s);
 
 // start_plan.cpp: --auto_fit with a budget: `start` (the run's own step options) or the
 // remedies the plan adds to it (listed in `changes`) so the first step is predicted to fit
-// `budget`; kOutOfMemory with the plan's table when nothing does. The video transformer is not
-// planned (it adapts when a step runs out of memory).
+// `budget`; kOutOfMemory with the plan's table when nothing does. A video run is planned on its
+// largest window.
 train::TrainStepOptions plan_start_of_run(const TrainOptions& o, const train::TrainingSet& set,
                                           model::DiffusionTransformer& transformer,
                                           const train::TrainStepOptions& start, int64_t budget,

@@ -68,8 +68,7 @@ void GradientBuckets::ready(size_t index) {
 }
 
 void GradientBuckets::start_ready_in_order() {
-    while (next_ < buckets_.size() &&
-           buckets_[next_].complete == buckets_[next_].members.size()) {
+    while (next_ < buckets_.size() && buckets_[next_].complete == buckets_[next_].members.size()) {
         start(buckets_[next_++]);
     }
 }
@@ -79,8 +78,8 @@ void GradientBuckets::start(Bucket& b) {
     std::vector<at::Tensor> parts;
     for (size_t k : b.members) {
         const at::Tensor& g = grad_of(params_[k]);
-        parts.push_back(g.defined() ? g.reshape({-1}) : at::zeros({params_[k].numel()},
-                                                                  params_[k].options()));
+        parts.push_back(g.defined() ? g.reshape({-1})
+                                    : at::zeros({params_[k].numel()}, params_[k].options()));
     }
     b.flat = parts.size() == 1 ? parts[0].clone(at::MemoryFormat::Contiguous) : at::cat(parts);
     parts.clear();
@@ -110,7 +109,8 @@ void GradientBuckets::finish(const std::function<bool(int tag)>& keep) {
         int64_t offset = 0;
         for (size_t k : b.members) {
             const at::Tensor& p = params_[k];
-            grad_of(p) = keep(b.tag) ? b.flat.narrow(0, offset, p.numel()).view_as(p) : at::Tensor();
+            grad_of(p) =
+                keep(b.tag) ? b.flat.narrow(0, offset, p.numel()).view_as(p) : at::Tensor();
             offset += p.numel();
         }
         b.flat = at::Tensor();  // the gradients are views of it now

@@ -6,8 +6,16 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if SANAFLOW_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <nccl.h>
+#include <torch/csrc/cuda/nccl.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "core/error.h"
 #include "core/log.h"
@@ -17,6 +25,12 @@ namespace sf::distributed {
 namespace {
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(500);
+
+#if SANAFLOW_WITH_NCCL
+constexpr bool kHasNccl = true;
+#else
+constexpr bool kHasNccl = false;
+#endif
 
 std::string heartbeat_key(int rank) { return fmt::format("sanaflow/heartbeat/{}", rank); }
 
@@ -54,24 +68,59 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
 
 }  // namespace
 
+bool nccl_built() { return kHasNccl; }
+
 std::string resolve_backend(const std::string& backend, bool cuda) {
     if (backend == "gloo") return backend;
     if (backend == "auto") {
+        if (cuda && kHasNccl) return "nccl";
         if (cuda) log_info("ddp: NCCL is not in this build: Gloo carries the CUDA gradients");
         return "gloo";
     }
     if (backend == "nccl") {
-        throw Error::InvalidArgument(
-            "--ddp_backend nccl: this build has no NCCL process group (use gloo)");
+        if (!kHasNccl) {
+            throw Error::InvalidArgument(
+                "--ddp_backend nccl: this build has no NCCL process group (its LibTorch has no "
+                "CUDA); use gloo");
+        }
+        if (!cuda) {
+            throw Error::InvalidArgument(
+                "--ddp_backend nccl carries CUDA tensors only: use it with --device cuda, or gloo "
+                "on the CPU");
+        }
+        return backend;
     }
     throw Error::InvalidArgument(
         fmt::format("--ddp_backend {}: unknown (known: auto, gloo, nccl)", backend));
 }
 
-// The store, the process group and the heartbeat thread with its own store connection.
+#if SANAFLOW_WITH_NCCL
+namespace {
+// ProcessGroupNCCL's inline parts were compiled against this nccl.h: it must be the version
+// LibTorch itself was built with, or the two disagree on the layout of its Options.
+void check_nccl_header() {
+    const std::uint64_t torch_nccl = torch::cuda::nccl::version();
+    const std::uint64_t major = torch_nccl >> 32, minor = (torch_nccl >> 16) & 0xffff,
+                        patch = torch_nccl & 0xffff;
+    if (major != NCCL_MAJOR || minor != NCCL_MINOR || patch != NCCL_PATCH) {
+        throw Error::InvalidArgument(fmt::format(
+            "--ddp_backend nccl: sanaflow was compiled against nccl.h {}.{}.{} but LibTorch "
+            "against NCCL {}.{}.{}; rebuild with the nvidia-nccl headers of LibTorch's own NCCL "
+            "(tools/build.sh --torch2 finds them beside the torch package), or use gloo",
+            NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, major, minor, patch));
+    }
+}
+}  // namespace
+#endif
+
+// The store, the process groups and the heartbeat thread with its own store connection. Gloo is
+// always there (CPU tensors: the loss, the optimizer state gathered for a checkpoint, barriers);
+// with --ddp_backend nccl, NCCL carries the CUDA tensors. Each group has its own prefix in the
+// store, as torch.distributed gives each group.
 struct World::Impl {
     c10::intrusive_ptr<c10d::TCPStore> store;
-    c10::intrusive_ptr<compat::C10dBackend> group;
+    c10::intrusive_ptr<compat::C10dBackend> group;  // Gloo
+    c10::intrusive_ptr<compat::C10dBackend> nccl;   // or null
     c10::intrusive_ptr<c10d::TCPStore> heartbeat_store;
     std::thread heartbeat;
     std::mutex mutex;
@@ -90,6 +139,10 @@ struct World::Impl {
                 stop_cv.wait_for(lock, kHeartbeat, [this] { return stop; });
             }
         });
+    }
+    // NCCL for CUDA tensors where it runs, Gloo for the rest.
+    compat::C10dBackend& group_for(const std::vector<at::Tensor>& tensors) {
+        return nccl && !tensors.empty() && tensors[0].is_cuda() ? *nccl : *group;
     }
     void stop_heartbeat() {
         {
@@ -110,8 +163,9 @@ World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
         auto o = c10d::ProcessGroupGloo::Options::create();
         o->devices.push_back(gloo_device(env));
         o->timeout = options.timeout;
-        impl_->group =
-            c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank, env.world_size, o);
+        impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            c10::make_intrusive<c10d::PrefixStore>("gloo", impl_->store), env.rank, env.world_size,
+            o);
     } catch (const std::exception& e) {
         throw Error::IOError(fmt::format(
             "ddp: {} could not join the other ranks through the store at {} within --ddp_timeout "
@@ -119,6 +173,22 @@ World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
             env.describe(), where,
             std::chrono::duration_cast<std::chrono::seconds>(options.timeout).count(), e.what()));
     }
+#if SANAFLOW_WITH_NCCL
+    if (backend_ == "nccl") {
+        check_nccl_header();
+        try {
+            c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+            auto n = c10d::ProcessGroupNCCL::Options::create();
+            n->timeout = options.timeout;
+            impl_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+                c10::make_intrusive<c10d::PrefixStore>("nccl", impl_->store), env.rank,
+                env.world_size, n);
+        } catch (const std::exception& e) {
+            throw Error::IOError(fmt::format("ddp: {}: the NCCL process group on cuda:{}: {}",
+                                             env.describe(), env.local_rank, e.what()));
+        }
+    }
+#endif
     impl_->start_heartbeat(env.rank);
     log_info("ddp: {} joined ({}, store {})", env.describe(), backend_, where);
 }
@@ -133,7 +203,7 @@ void World::broadcast(std::vector<at::Tensor>& tensors, int root, const std::str
     guarded(what, [&] {
         c10d::BroadcastOptions o;
         o.rootRank = root;
-        impl_->group->broadcast(tensors, o)->wait();
+        impl_->group_for(tensors).broadcast(tensors, o)->wait();
     });
 }
 
@@ -146,7 +216,7 @@ PendingCollective World::start_all_reduce_sum(const std::vector<at::Tensor>& ten
                                               const std::string& what) {
     std::vector<at::Tensor> in = tensors;
     auto work = decltype(impl_->group->allreduce(in)){};
-    guarded(what, [&] { work = impl_->group->allreduce(in); });
+    guarded(what, [&] { work = impl_->group_for(in).allreduce(in); });
     return PendingCollective([this, work, what] { guarded(what, [&] { work->wait(); }); });
 }
 
@@ -157,21 +227,21 @@ PendingCollective World::start_reduce_sum_to(const std::vector<at::Tensor>& tens
     o.reduceOp = c10d::ReduceOp::SUM;
     o.rootRank = root;
     auto work = decltype(impl_->group->reduce(in, o)){};
-    guarded(what, [&] { work = impl_->group->reduce(in, o); });
+    guarded(what, [&] { work = impl_->group_for(in).reduce(in, o); });
     return PendingCollective([this, work, what] { guarded(what, [&] { work->wait(); }); });
 }
 
 void World::send(at::Tensor tensor, int dst, const std::string& what) {
     guarded(what, [&] {
         std::vector<at::Tensor> t = {std::move(tensor)};
-        impl_->group->send(t, dst, /*tag=*/0)->wait();
+        impl_->group_for(t).send(t, dst, /*tag=*/0)->wait();
     });
 }
 
 void World::recv(at::Tensor tensor, int src, const std::string& what) {
     guarded(what, [&] {
         std::vector<at::Tensor> t = {std::move(tensor)};
-        impl_->group->recv(t, src, /*tag=*/0)->wait();
+        impl_->group_for(t).recv(t, src, /*tag=*/0)->wait();
     });
 }
 

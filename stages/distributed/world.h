@@ -1,6 +1,7 @@
 // The ranks of a data-parallel run, joined through PyTorch's own c10d: a TCPStore for the
-// rendezvous (rank 0 hosts it, or torchrun's agent does) and a process group (Gloo on the CPU,
-// NCCL between GPUs where the build has it) for the collectives.
+// rendezvous (rank 0 hosts it, or torchrun's agent does) and process groups for the collectives:
+// Gloo, and with --ddp_backend nccl (the default on CUDA where LibTorch has it) NCCL for CUDA
+// tensors, Gloo keeping the CPU ones (as torch.distributed's "cpu:gloo,cuda:nccl").
 //
 // Every collective waits at most --ddp_timeout. When one fails (a rank died: its sockets closed,
 // or it stopped answering) the error names the ranks that are gone: each rank bumps a heartbeat
@@ -44,8 +45,11 @@ private:
     std::function<void()> wait_;
 };
 
-// kInvalidArgument naming the flag for an unknown backend or one this build lacks.
+// kInvalidArgument naming the flag for an unknown backend, one this build lacks, or NCCL
+// without CUDA.
 std::string resolve_backend(const std::string& backend, bool cuda);
+// Whether this build has ProcessGroupNCCL (LibTorch with CUDA).
+bool nccl_built();
 
 class World {
 public:

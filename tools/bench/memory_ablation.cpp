@@ -356,15 +356,17 @@ int run_table(const Args& a) {
         const auto& [g0, p0] = all_peaks.front();
         const auto& [g1, p1] = all_peaks.back();
         const double slope = (p1 - p0) / static_cast<double>(g1 - g0);
-        double worst = 0;
-        for (const auto& [g, p] : all_peaks) {
-            worst = std::max(worst, p / (p0 + slope * static_cast<double>(g - g0)));
+        std::string middle;
+        for (size_t i = 1; i + 1 < all_peaks.size(); ++i) {
+            const auto& [g, p] = all_peaks[i];
+            middle += fmt::format("{}{} at {:.3f}x", middle.empty() ? "" : ", ", g,
+                                  p / (p0 + slope * static_cast<double>(g - g0)));
         }
         std::printf(
-            "all remedies: %.3f GiB per %s from %lld to %lld; the largest point is %.3fx the "
-            "straight line through the ends (above 1: faster than linear)\n",
+            "all remedies: %.3f GiB per %s from %lld to %lld; against the straight line through "
+            "the ends: %s (above 1: faster than linear)\n",
             slope / (1 << 30), a.video ? "latent frame" : "grid step", static_cast<long long>(g0),
-            static_cast<long long>(g1), worst);
+            static_cast<long long>(g1), middle.empty() ? "no middle point" : middle.c_str());
     }
     const Result& base = last_grid["baseline"];
     const Result& all = last_grid["all"];

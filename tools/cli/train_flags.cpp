@@ -68,6 +68,11 @@ void add_remedy_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
                     "the memory the run may take, e.g. 24GiB: on the CPU an allocation past it is "
                     "out of memory; with --auto_fit the run starts with settings predicted to "
                     "fit it");
+    cmd->add_flag("--memory_snapshot", o.memory_snapshot,
+                  "on CUDA: record the caching allocator's allocations and frees (with C++ "
+                  "stacks) over the first two steps and write them with its segments to "
+                  "OUTPUT_DIR/memory_snapshot.pickle, as torch.cuda.memory._dump_snapshot does "
+                  "(open it at pytorch.org/memory_viz)");
     cmd->add_option("--ddp_backend", o.ddp_backend,
                     "under torchrun or Slurm: the process group of the gradient all-reduce (auto: "
                     "NCCL on CUDA where this build has it, else Gloo)")
