@@ -177,12 +177,15 @@ World::World(const LaunchEnv& env, const WorldOptions& options, bool cuda)
     if (backend_ == "nccl") {
         check_nccl_header();
         try {
-            c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+            // The group first (its Options are built by this build's inline code, the group by
+            // LibTorch's: without a GPU it refuses, which shows they agree), then the device its
+            // communicators bind to.
             auto n = c10d::ProcessGroupNCCL::Options::create();
             n->timeout = options.timeout;
             impl_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
                 c10::make_intrusive<c10d::PrefixStore>("nccl", impl_->store), env.rank,
                 env.world_size, n);
+            c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
         } catch (const std::exception& e) {
             throw Error::IOError(fmt::format("ddp: {}: the NCCL process group on cuda:{}: {}",
                                              env.describe(), env.local_rank, e.what()));
