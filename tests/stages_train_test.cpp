@@ -818,6 +818,22 @@ TEST(TrainStep, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
     }
 }
 
+// With block swap the sync is not called from inside the backward: a swapped block's gradients
+// reach the host parameters only when its lend ends, so they are reduced after the backward.
+TEST(TrainStep, BlockSwapLeavesTheReductionAfterTheBackward) {
+    sf::train::TrainStepOptions o;
+    o.blocks_to_swap = 1;
+    auto model = seeded_model();
+    auto sync = std::make_shared<sf::test::CountingSync>();
+    sf::train::TrainStep step(model.ptr(), named(*model), {},
+                              sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
+                              c10::Device(c10::kCPU), sync);
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    const sf::train::MicroBatch batch = sample_batch(2);
+    step.step([&](int64_t) { return batch; }, gen);
+    EXPECT_TRUE(sync->counts.empty()) << "begin_backward was called";
+}
+
 TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
     for (const auto& [what, plain_o] : recomputing_remedies()) {
         sf::train::TrainStepOptions fused_o = plain_o;

@@ -211,7 +211,10 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
     model_->module().train();
     if (options_.fused_backward) {
         fused_ = std::make_unique<FusedUpdate>(*adamw_, *sync_);
-    } else if (sync_->reduces_during_backward()) {
+    } else if (sync_->reduces_during_backward() && options_.blocks_to_swap == 0) {
+        // Not with block swap: a swapped block's gradients are complete on the device inside
+        // its lend and move to the host only when it ends, so they are reduced after the
+        // backward, from the host.
         sync_ready_ =
             std::make_unique<GradReadyHooks>(params_, [this](size_t i) { sync_->grad_ready(i); });
     }
