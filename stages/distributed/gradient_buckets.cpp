@@ -47,15 +47,18 @@ GradientBuckets::GradientBuckets(const std::vector<at::Tensor>& params,
 }
 
 void GradientBuckets::begin() {
+    for (Bucket& b : buckets_) b.pending.wait();
+    reset();
+    started_in_backward_ = 0;
+}
+
+void GradientBuckets::reset() {
     for (Bucket& b : buckets_) {
-        b.pending.wait();
         b.flat = at::Tensor();
-        b.started = false;
         b.complete = 0;
     }
     std::fill(completions_.begin(), completions_.end(), 0);
     next_ = 0;
-    started_in_backward_ = 0;
 }
 
 void GradientBuckets::ready(size_t index) {
@@ -87,14 +90,13 @@ void GradientBuckets::start(Bucket& b) {
     // as it was (autograd may still hold a buffer it handed over; it keeps its own reference).
     for (size_t k : b.members) grad_of(params_[k]) = at::Tensor();
     b.pending = start_(b.flat, b.tag);
-    b.started = true;
 }
 
 void GradientBuckets::finish(const std::function<bool(int tag)>& keep) {
     // What completed twice holds only its later share now (the first went into its bucket).
     std::vector<size_t> late;
     for (size_t k = 0; k < params_.size(); ++k) {
-        if (completions_[k] > 1 && buckets_[bucket_of_[k]].started) late.push_back(k);
+        if (completions_[k] > 1 && bucket_of_[k] < next_) late.push_back(k);
     }
     std::vector<at::Tensor> late_grads;
     for (size_t k : late) {
@@ -113,9 +115,6 @@ void GradientBuckets::finish(const std::function<bool(int tag)>& keep) {
                 keep(b.tag) ? b.flat.narrow(0, offset, p.numel()).view_as(p) : at::Tensor();
             offset += p.numel();
         }
-        b.flat = at::Tensor();  // the gradients are views of it now
-        b.started = false;
-        b.complete = 0;
     }
     if (!late.empty()) {
         log_debug("ddp: {} gradients completed twice in one backward pass; reduced apart",
@@ -127,8 +126,7 @@ void GradientBuckets::finish(const std::function<bool(int tag)>& keep) {
             if (g.defined()) g.add_(late_grads[j]);
         }
     }
-    std::fill(completions_.begin(), completions_.end(), 0);
-    next_ = 0;
+    reset();  // the gradients are views of the buckets' tensors now
 }
 
 }  // namespace sf::distributed

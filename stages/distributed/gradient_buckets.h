@@ -50,12 +50,13 @@ private:
         int tag = 0;
         std::vector<size_t> members;  // parameter indices
         size_t complete = 0;
-        at::Tensor flat;
+        at::Tensor flat;  // while started: the gradients, flattened
         PendingCollective pending;
-        bool started = false;
     };
     void start(Bucket& b);
     void start_ready_in_order();
+    // Nothing complete, nothing started (buckets [0, next_) have started: they start in order).
+    void reset();
 
     std::vector<at::Tensor> params_;
     Start start_;
