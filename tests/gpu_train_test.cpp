@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <thread>
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "distributed_test_util.h"
 #include "model/common/lora.h"
 #include "model/gemma/gemma2.h"
 #include "model/sana/sana_transformer.h"
@@ -228,30 +228,14 @@ TEST(GpuDataParallel, NcclRanksGetTheWholeBatchsGradients) {
     const int port = sf::test::free_port();
     std::vector<std::vector<at::Tensor>> grads(ranks);
     std::vector<int64_t> started(ranks), buckets(ranks);
-    std::vector<std::string> errors(ranks);
-    auto rank = [&](int r) {
-        try {
-            sf::distributed::LaunchEnv env;
-            env.launcher = "torchrun";
-            env.rank = env.local_rank = r;
-            env.world_size = env.local_world_size = ranks;
-            env.master_port = port;
-            auto world = std::make_shared<sf::distributed::World>(
-                env, sf::distributed::WorldOptions{"nccl", std::chrono::seconds(120)}, true);
-            auto sync = std::make_shared<sf::distributed::DataParallelSync>(world, 4096);
-            grads[r] = grads_of(models[r], c10::Device(c10::kCUDA, r), sync);
-            started[r] = sync->buckets_started_in_backward();
-            buckets[r] = static_cast<int64_t>(sync->bucket_count());
-        } catch (const std::exception& e) {
-            errors[r] = e.what();
-        }
-    };
-    std::vector<std::thread> others;
-    for (int r = 1; r < ranks; ++r) others.emplace_back(rank, r);
-    rank(0);
-    for (auto& t : others) t.join();
+    ASSERT_TRUE(sf::test::on_ranks(ranks, [&](int r) {
+        auto sync = std::make_shared<sf::distributed::DataParallelSync>(
+            sf::test::thread_rank(r, ranks, port, "nccl", true), 4096);
+        grads[r] = grads_of(models[r], c10::Device(c10::kCUDA, r), sync);
+        started[r] = sync->buckets_started_in_backward();
+        buckets[r] = static_cast<int64_t>(sync->bucket_count());
+    }));
     for (int r = 0; r < ranks; ++r) {
-        ASSERT_EQ(errors[r], "") << "rank " << r;
         EXPECT_GT(buckets[r], 4);
         EXPECT_EQ(started[r], buckets[r]) << "rank " << r;
         ASSERT_EQ(grads[r].size(), reference.size());

@@ -15,9 +15,11 @@
 #include <thread>
 
 #include "core/error.h"
+#include "distributed_test_util.h"
 #include "model/common/lora.h"
 #include "model/sana/sana_transformer.h"
 #include "stages/distributed/data_parallel_sync.h"
+#include "stages/distributed/gradient_buckets.h"
 #include "stages/distributed/launch_env.h"
 #include "stages/distributed/world.h"
 #include "stages/distributed/zero_sharding.h"
@@ -165,37 +167,6 @@ TEST(ZeroPartition, BalancesBytesWithinTheLargestParameterAndIsTheSameEachTime) 
     }
 }
 
-// Rank r of a world of `size` ranks that are threads of this process (Gloo on 127.0.0.1).
-std::shared_ptr<sf::distributed::World> thread_rank(int r, int size, int port) {
-    sf::distributed::LaunchEnv env;
-    env.launcher = "torchrun";
-    env.rank = env.local_rank = r;
-    env.world_size = env.local_world_size = size;
-    env.master_port = port;
-    sf::distributed::WorldOptions o;
-    o.timeout = std::chrono::seconds(60);
-    return std::make_shared<sf::distributed::World>(env, o, false);
-}
-
-// Runs body(r) for ranks 0 and 1, rank 1 on a thread of its own; false (with each error as a
-// test failure) when either threw.
-bool on_two_ranks(const std::function<void(int)>& body) {
-    std::array<std::string, 2> errors;
-    auto rank = [&](int r) {
-        try {
-            body(r);
-        } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
-        }
-    };
-    std::thread other(rank, 1);
-    rank(0);
-    other.join();
-    EXPECT_EQ(errors[0], "");
-    EXPECT_EQ(errors[1], "");
-    return errors[0].empty() && errors[1].empty();
-}
-
 // Two ranks (threads, Gloo on 127.0.0.1): each gradient's sum lands with its owner only, each
 // owner's new weights reach the other rank, and rank 0 gathers every rank's state.
 TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
@@ -204,8 +175,8 @@ TEST(ShardedStateSync, ReducesToTheOwnerSharesUpdatesAndGathersTheState) {
     std::vector<std::vector<bool>> owned(2);
     std::vector<std::vector<torch::Tensor>> params(2), grads(2);
     std::vector<std::map<std::string, at::Tensor>> gathered(2);
-    ASSERT_TRUE(on_two_ranks([&](int r) {
-        sf::distributed::ShardedStateSync sync(thread_rank(r, 2, port));
+    ASSERT_TRUE(sf::test::on_ranks(2, [&](int r) {
+        sf::distributed::ShardedStateSync sync(sf::test::thread_rank(r, 2, port));
         for (int64_t n : sizes) {
             params[r].push_back(torch::full({n}, 1.0).requires_grad_());
             params[r].back().mutable_grad() = torch::full({n}, r + 1.0);
@@ -276,9 +247,10 @@ TEST(DataParallelSync, BucketsStartInsideTheBackwardAndSumToTheWholeBatchsGradie
     const int port = sf::test::free_port();
     std::vector<std::vector<std::pair<std::string, at::Tensor>>> weights(2);  // with grads
     std::vector<int64_t> started(2), buckets(2);
-    ASSERT_TRUE(on_two_ranks([&](int r) {
-        auto sync = std::make_shared<sf::distributed::DataParallelSync>(thread_rank(r, 2, port),
-                                                                        /*bucket_bytes=*/4096);
+    ASSERT_TRUE(sf::test::on_ranks(2, [&](int r) {
+        auto sync =
+            std::make_shared<sf::distributed::DataParallelSync>(sf::test::thread_rank(r, 2, port),
+                                                                /*bucket_bytes=*/4096);
         weights[r] = train(models[static_cast<size_t>(r)], sync);
         started[r] = sync->buckets_started_in_backward();
         buckets[r] = static_cast<int64_t>(sync->bucket_count());
@@ -325,19 +297,11 @@ TEST(World, BackendsResolveOrAreRefusedNamingTheFlag) {
 // Where the build has NCCL: on a GPU one rank's NCCL all-reduce of a CUDA tensor leaves it as it
 // is; without one the process group is refused with a message naming it. Either way nothing
 // crashes: ProcessGroupNCCL's inline parts and LibTorch agree on its layout (a mismatched nccl.h
-// corrupted the heap at its construction).
+// crashed at its construction).
 TEST(World, TheNcclProcessGroupRunsOrIsRefusedWithoutAGpu) {
     if (!sf::distributed::nccl_built()) GTEST_SKIP() << "no NCCL in this build";
     try {
-        auto world = std::make_shared<sf::distributed::World>(
-            [] {
-                sf::distributed::LaunchEnv env;
-                env.launcher = "torchrun";
-                env.world_size = env.local_world_size = 1;
-                env.master_port = sf::test::free_port();
-                return env;
-            }(),
-            sf::distributed::WorldOptions{"nccl", std::chrono::seconds(60)}, true);
+        auto world = sf::test::thread_rank(0, 1, sf::test::free_port(), "nccl", true);
         ASSERT_TRUE(torch::cuda::is_available()) << "NCCL started without a GPU";
         std::vector<at::Tensor> t = {torch::arange(8, torch::kFloat).cuda()};
         world->all_reduce_sum(t, "a test all-reduce");
@@ -346,6 +310,62 @@ TEST(World, TheNcclProcessGroupRunsOrIsRefusedWithoutAGpu) {
         EXPECT_FALSE(torch::cuda::is_available()) << e.what();
         EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
     }
+}
+
+// The buckets alone, with a collective that doubles its tensor when waited for (what summing
+// two ranks of equal gradients gives), over four 16-byte gradients. A bucket starts only once it
+// and every bucket before it are complete, holding its gradients in place of the parameters';
+// finish() starts the rest (a gradient that never completed goes as it is), reduces a gradient
+// completed twice apart, and drops what `keep` refuses.
+TEST(GradientBuckets, StartInOrderAsTheyCompleteAndLeaveEachSum) {
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < 4; ++i) {
+        params.push_back(torch::zeros({4}).requires_grad_());
+        params.back().mutable_grad() = torch::full({4}, i + 1.0);
+    }
+    std::vector<int> started_tags;
+    sf::distributed::GradientBuckets buckets(
+        params, {0, 1, 0, 1}, 16, [&](const at::Tensor& flat, int tag) {
+            started_tags.push_back(tag);
+            return sf::distributed::PendingCollective([flat] { flat.mul_(2); });
+        });
+    ASSERT_EQ(buckets.bucket_count(), 4u);  // one gradient each, in reverse: {3}, {2}, {1}, {0}
+    buckets.begin();
+    buckets.ready(2);  // its bucket waits for {3}'s
+    EXPECT_TRUE(started_tags.empty());
+    EXPECT_TRUE(params[2].grad().defined());
+    buckets.ready(3);  // {3} and {2} start, in order
+    EXPECT_EQ(started_tags, (std::vector<int>{1, 0}));
+    EXPECT_FALSE(params[3].grad().defined()) << "the bucket holds it";
+    EXPECT_EQ(buckets.started_in_backward(), 2);
+    params[3].mutable_grad() = torch::full({4}, 10.0);  // a second share after its bucket left
+    buckets.ready(3);
+    buckets.ready(1);  // {1} starts; {0} never completes
+    buckets.finish([](int tag) { return tag == 0; });
+    EXPECT_EQ(started_tags, (std::vector<int>{1, 0, 1, 0, 1}));  // the late share last
+    EXPECT_FALSE(params[3].grad().defined()) << "tag 1 is not kept";
+    EXPECT_FALSE(params[1].grad().defined());
+    EXPECT_TRUE(torch::equal(params[0].grad(), torch::full({4}, 2.0)));
+    EXPECT_TRUE(torch::equal(params[2].grad(), torch::full({4}, 6.0)));
+
+    // Untagged, 32-byte buckets {3, 2} and {1, 0}, everything kept: the late share is added to the
+    // sum, and the bucket whose gradients never completed goes at finish() as they are.
+    sf::distributed::GradientBuckets kept(params, {}, 32, [&](const at::Tensor& flat, int) {
+        return sf::distributed::PendingCollective([flat] { flat.mul_(2); });
+    });
+    for (int i = 0; i < 4; ++i)
+        params[static_cast<size_t>(i)].mutable_grad() = torch::full({4}, i + 1.0);
+    kept.begin();
+    kept.ready(3);
+    kept.ready(2);
+    params[3].mutable_grad() = torch::full({4}, 10.0);
+    kept.ready(3);
+    kept.finish([](int) { return true; });
+    EXPECT_EQ(kept.bucket_count(), 2u);
+    EXPECT_EQ(kept.started_in_backward(), 1);
+    EXPECT_TRUE(torch::equal(params[3].grad(), torch::full({4}, 2.0 * (4 + 10))));
+    EXPECT_TRUE(torch::equal(params[1].grad(), torch::full({4}, 4.0)));
+    EXPECT_TRUE(torch::equal(params[0].grad(), torch::full({4}, 2.0)));
 }
 
 }  // namespace
