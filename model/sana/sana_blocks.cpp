@@ -303,6 +303,7 @@ std::vector<RowChunk> row_chunks(int64_t height, int64_t rows) {
 struct ChunkedFFNState : torch::CustomClassHolder {
     SanaGLUMBConvImpl* ff = nullptr;
     AutocastState autocast;
+    std::vector<at::Tensor> params;  // ff's that require grad: the node's inputs after x
 };
 
 // h + gate * ff(x), one node: the forward keeps x and gate, the backward recomputes one chunk
@@ -313,9 +314,9 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
     static at::Tensor forward(AutogradContext* ctx, SanaGLUMBConvImpl* ff, const at::Tensor& h,
                               const at::Tensor& gate, const at::Tensor& x, at::TensorList params,
                               bool result_unread) {
-        (void)params;  // ff's own, used through ff
         auto state = c10::make_intrusive<ChunkedFFNState>();
         state->ff = ff;
+        state->params = params.vec();  // used through ff; their gradients leave this node
         state->autocast = AutocastState::capture();
         ctx->save_for_backward({gate, x});
         ctx->saved_data["state"] = at::IValue::make_capsule(std::move(state));
@@ -337,7 +338,7 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
         const int64_t width = x.size(3);
         at::Tensor grad_x = x.requires_grad() ? at::zeros_like(x) : at::Tensor();
         at::Tensor grad_gate = gate.requires_grad() ? at::zeros_like(gate) : at::Tensor();
-        const std::vector<at::Tensor> params = params_requiring_grad(*state->ff);
+        const std::vector<at::Tensor>& params = state->params;
         std::vector<at::Tensor> grad_params(params.size());
         AutocastGuard autocast(state->autocast);
         for (const RowChunk& c : row_chunks(x.size(2), state->ff->chunk_rows)) {

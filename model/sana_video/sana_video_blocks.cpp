@@ -135,6 +135,9 @@ at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGri
         // Chunks of frames of every sample: [B, f, D, h, w] cut along f.
         const at::Tensor framed = y.reshape({batch, g.frames, dim, g.height, g.width});
         std::vector<at::Tensor> parts;
+        // Every chunk uses the convolutions: their gradients meet in one accumulation.
+        const std::vector<at::Tensor> params =
+            at::GradMode::is_enabled() ? params_requiring_grad(*this) : std::vector<at::Tensor>();
         for (int64_t f0 = 0; f0 < g.frames; f0 += chunk_frames) {
             const int64_t n = std::min(chunk_frames, g.frames - f0);
             const at::Tensor chunk =
@@ -142,7 +145,7 @@ at::Tensor SanaVideoFeedForwardImpl::forward(const at::Tensor& x, const VideoGri
             at::Tensor out;
             if (at::GradMode::is_enabled()) {
                 auto fn = [this](const std::vector<at::Tensor>& in) { return per_frame(in[0]); };
-                out = checkpoint(fn, {chunk}, {}, params_requiring_grad(*this));
+                out = checkpoint(fn, {chunk}, {}, params);
             } else {
                 out = per_frame(chunk);
             }
