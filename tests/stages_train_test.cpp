@@ -545,37 +545,29 @@ TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {
                              torch::zeros({10})));
 }
 
+// A TrainStep of the tiny model with fp32 or 8-bit AdamW at learning rate 1e-3.
+std::unique_ptr<sf::train::TrainStep> adamw_step(bool eight_bit, SanaTransformer model) {
+    sf::train::AdamWOptions a;
+    a.lr = 1e-3;
+    a.eight_bit = eight_bit;
+    return std::make_unique<sf::train::TrainStep>(
+        model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-3, 0, 1000),
+        sf::train::TrainStepOptions{}, c10::Device(c10::kCPU));
+}
+
 // 100 steps of the tiny model: 8-bit moments stay close to fp32 AdamW (within 3% of how far the
-// weights moved), take a quarter of its state's bytes, and a state saved mid-run resumes to the
-// very same next step.
-TEST(AdamW8bit, TracksFp32AdamWOver100StepsInAQuarterOfTheStateAndResumes) {
+// weights moved) and take a quarter of its state's bytes.
+TEST(AdamW8bit, TracksFp32AdamWOver100StepsInAQuarterOfTheState) {
     const sf::train::MicroBatch batch = sample_batch(2);
-    auto make = [&](bool eight_bit, SanaTransformer model) {
-        sf::train::AdamWOptions a;
-        a.lr = 1e-3;
-        a.eight_bit = eight_bit;
-        return std::make_unique<sf::train::TrainStep>(
-            model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-3, 0, 1000),
-            sf::train::TrainStepOptions{}, c10::Device(c10::kCPU));
-    };
-    auto fp32 = make(false, seeded_model()), q8 = make(true, seeded_model());
+    auto fp32 = adamw_step(false, seeded_model()), q8 = adamw_step(true, seeded_model());
     std::map<std::string, at::Tensor> start;
     for (const auto& [name, p] : named(fp32->model().module())) start[name] = p.detach().clone();
     at::Generator g1 = at::detail::createCPUGenerator(1), g2 = at::detail::createCPUGenerator(1);
-    std::map<std::string, at::Tensor> saved_state;
-    at::Tensor saved_gen;
-    std::map<std::string, at::Tensor> saved_weights;
     double worst_loss = 0;  // |loss8 - loss32| / loss32, the same noise drawn for both
     for (int i = 0; i < 100; ++i) {
         const double l32 = fp32->step([&](int64_t) { return batch; }, g1).loss;
         const double l8 = q8->step([&](int64_t) { return batch; }, g2).loss;
         worst_loss = std::max(worst_loss, std::abs(l8 - l32) / l32);
-        if (i == 49) {
-            saved_state = q8->optimizer().state();
-            saved_gen = g2.get_state();
-            for (const auto& [name, p] : named(q8->model().module()))
-                saved_weights[name] = p.detach().clone();
-        }
     }
     double moved = 0, apart = 0;
     const auto p32 = named(fp32->model().module()), p8 = named(q8->model().module());
@@ -605,30 +597,43 @@ TEST(AdamW8bit, TracksFp32AdamWOver100StepsInAQuarterOfTheStateAndResumes) {
                               state8.at(name + ".exp_avg_sq.absmax").nbytes();
         EXPECT_LE(bytes * 100, fp32_bytes * 26) << name;
     }
+}
 
-    // Resume from step 50 in a fresh optimizer: step 51 as the run had it.
-    auto resumed = make(true, seeded_model());
+// A state saved after step 2 and loaded into a fresh 8-bit optimizer (with the weights and the
+// generator of then) makes step 3 exactly as the uninterrupted run made it; an fp32 state is
+// refused naming what it is.
+TEST(AdamW8bit, AStateSavedMidRunResumesToTheRunsNextStep) {
+    const sf::train::MicroBatch batch = sample_batch(2);
+    auto run = adamw_step(true, seeded_model());
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    std::map<std::string, at::Tensor> saved_state, saved_weights;
+    at::Tensor saved_gen;
+    for (int i = 0; i < 3; ++i) {
+        if (i == 2) {
+            // Copies: state() hands out the live moments, which the next step updates in place.
+            for (const auto& [name, t] : run->optimizer().state()) saved_state[name] = t.clone();
+            saved_gen = gen.get_state();
+            for (const auto& [name, p] : named(run->model().module()))
+                saved_weights[name] = p.detach().clone();
+        }
+        run->step([&](int64_t) { return batch; }, gen);
+    }
+    auto resumed = adamw_step(true, seeded_model());
     for (const auto& [name, p] : named(resumed->model().module())) {
         torch::NoGradGuard no_grad;
         p.copy_(saved_weights.at(name));
     }
     resumed->optimizer().load_state(saved_state);
-    resumed->set_steps_done(50);
-    auto replay = make(true, seeded_model());
-    for (const auto& [name, p] : named(replay->model().module())) {
-        torch::NoGradGuard no_grad;
-        p.copy_(saved_weights.at(name));
-    }
-    replay->optimizer().load_state(saved_state);
-    replay->set_steps_done(50);
-    at::Generator g3 = at::detail::createCPUGenerator(1), g4 = at::detail::createCPUGenerator(1);
-    g3.set_state(saved_gen);
-    g4.set_state(saved_gen);
-    resumed->step([&](int64_t) { return batch; }, g3);
-    replay->step([&](int64_t) { return batch; }, g4);
-    const auto a = named(resumed->model().module()), b = named(replay->model().module());
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second));
+    resumed->set_steps_done(2);
+    at::Generator again = at::detail::createCPUGenerator(1);
+    again.set_state(saved_gen);
+    resumed->step([&](int64_t) { return batch; }, again);
+    const auto a = named(resumed->model().module()), b = named(run->model().module());
+    for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
     // A fp32 state is refused by the 8-bit optimizer, naming the parameter.
+    auto fp32 = adamw_step(false, seeded_model());
+    fp32->step([&](int64_t) { return batch; }, gen);
     try {
         resumed->optimizer().load_state(fp32->optimizer().state());
         ADD_FAILURE() << "fp32 moments loaded as 8-bit";
@@ -795,24 +800,31 @@ std::vector<std::pair<std::string, sf::train::TrainStepOptions>> recomputing_rem
     return out;
 }
 
+// One step of `o` on the seeded model, its sync counting when each gradient is reported
+// complete; the model (its gradients kept) and the counts.
+std::pair<SanaTransformer, std::vector<int>> counted_step(sf::train::TrainStepOptions o) {
+    o.keep_gradients = true;
+    auto model = seeded_model();
+    auto sync = std::make_shared<sf::test::CountingSync>();
+    sf::train::TrainStep step(model.ptr(), named(*model), {},
+                              sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
+                              c10::Device(c10::kCPU), sync);
+    at::Generator gen = at::detail::createCPUGenerator(1);
+    const sf::train::MicroBatch batch = sample_batch(2);
+    step.step([&](int64_t) { return batch; }, gen);
+    return {model, sync->counts};
+}
+
 // The fused pass updates and the data-parallel sync sends a gradient when its accumulator runs,
 // so that must happen once per backward pass: recomputed pieces of a block must hand their
 // parameters' gradients over together, not each piece's share as it comes.
 TEST(TrainStep, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
-    for (auto [what, o] : recomputing_remedies()) {
-        o.keep_gradients = true;
-        auto model = seeded_model();
-        auto sync = std::make_shared<sf::test::CountingSync>();
-        sf::train::TrainStep step(model.ptr(), named(*model), {},
-                                  sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
-                                  c10::Device(c10::kCPU), sync);
-        at::Generator gen = at::detail::createCPUGenerator(1);
-        const sf::train::MicroBatch batch = sample_batch(2);
-        step.step([&](int64_t) { return batch; }, gen);
-        const auto params = named(step.model().module());
-        ASSERT_EQ(sync->counts.size(), params.size()) << what;
+    for (const auto& [what, o] : recomputing_remedies()) {
+        auto [model, counts] = counted_step(o);
+        const auto params = named(*model);
+        ASSERT_EQ(counts.size(), params.size()) << what;
         for (size_t i = 0; i < params.size(); ++i) {
-            EXPECT_EQ(sync->counts[i], params[i].second.grad().defined() ? 1 : 0)
+            EXPECT_EQ(counts[i], params[i].second.grad().defined() ? 1 : 0)
                 << what << ": " << params[i].first;
         }
     }
@@ -823,15 +835,7 @@ TEST(TrainStep, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
 TEST(TrainStep, BlockSwapLeavesTheReductionAfterTheBackward) {
     sf::train::TrainStepOptions o;
     o.blocks_to_swap = 1;
-    auto model = seeded_model();
-    auto sync = std::make_shared<sf::test::CountingSync>();
-    sf::train::TrainStep step(model.ptr(), named(*model), {},
-                              sf::train::LRSchedule("constant", 1e-3, 0, 100), o,
-                              c10::Device(c10::kCPU), sync);
-    at::Generator gen = at::detail::createCPUGenerator(1);
-    const sf::train::MicroBatch batch = sample_batch(2);
-    step.step([&](int64_t) { return batch; }, gen);
-    EXPECT_TRUE(sync->counts.empty()) << "begin_backward was called";
+    EXPECT_TRUE(counted_step(o).second.empty()) << "begin_backward was called";
 }
 
 TEST(TrainStep, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
