@@ -218,26 +218,42 @@ TEST(TrainStepVideo, EveryRemedyGivesThePlainGradients) {
     }
 }
 
-// Each gradient is complete once per backward pass (the fused pass and the data-parallel sync
-// act then) also when frames of the feed-forward and chunks of queries are recomputed apart.
-TEST(TrainStepVideo, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
+// Every remedy that recomputes a piece of a block apart: block checkpointing, query chunks of 7
+// tokens, the feed-forward one frame at a time (the fused pass refuses clipping).
+sf::train::TrainStepOptions recomputing_options() {
     sf::train::TrainStepOptions o;
-    o.keep_gradients = true;
     o.gradient_checkpointing = 1;
     o.attention = "chunked";
     o.attention_chunk = 7;
     o.ff_chunk_size = 1;
+    o.max_grad_norm = 0;
+    return o;
+}
+
+// `steps` steps of `o` on `model` at learning rate `lr`, `sync` counting what it is told.
+void train_video(SanaVideoTransformer& model, const sf::train::TrainStepOptions& o, double lr,
+                 int steps, std::shared_ptr<sf::train::GradientSync> sync = nullptr) {
+    sf::train::AdamWOptions a;
+    a.lr = lr;
+    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), a,
+                              sf::train::LRSchedule("constant", lr, 0, 10), o,
+                              c10::Device(c10::kCPU), std::move(sync));
+    const sf::train::MicroBatch batch = video_batch();
+    at::Generator g = seeded(1);
+    for (int i = 0; i < steps; ++i) step.step([&](int64_t) { return batch; }, g);
+}
+
+// Each gradient is complete once per backward pass (the fused pass and the data-parallel sync
+// act then) also when frames of the feed-forward and chunks of queries are recomputed apart.
+TEST(TrainStepVideo, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
+    sf::train::TrainStepOptions o = recomputing_options();
+    o.keep_gradients = true;
     for (bool checkpointing : {false, true}) {
         o.gradient_checkpointing = checkpointing ? 1 : 0;
         auto model = tiny_video();
         auto sync = std::make_shared<sf::test::CountingSync>();
-        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
-                                  sf::train::LRSchedule("constant", 1e-3, 0, 10), o,
-                                  c10::Device(c10::kCPU), sync);
-        const sf::train::MicroBatch batch = video_batch();
-        at::Generator g = seeded(1);
-        step.step([&](int64_t) { return batch; }, g);
-        const auto params = sf::model::trainable_parameters(step.model().module());
+        train_video(model, o, 1e-3, 1, sync);
+        const auto params = sf::model::trainable_parameters(*model);
         ASSERT_EQ(sync->counts.size(), params.size());
         for (size_t i = 0; i < params.size(); ++i) {
             EXPECT_EQ(sync->counts[i], params[i].second.grad().defined() ? 1 : 0)
@@ -249,25 +265,13 @@ TEST(TrainStepVideo, EachGradientIsCompleteOnceInABackwardPassWithEveryRemedy) {
 // The fused backward pass on the video transformer, with every recomputing remedy: three steps
 // end with the weights of the plain optimizer step under the same remedies.
 TEST(TrainStepVideo, FusedBackwardPassUpdatesLikeTheOptimizerStep) {
-    sf::train::TrainStepOptions plain;
-    plain.gradient_checkpointing = 1;
-    plain.attention = "chunked";
-    plain.attention_chunk = 7;
-    plain.ff_chunk_size = 1;
-    plain.max_grad_norm = 0;
+    const sf::train::TrainStepOptions plain = recomputing_options();
     sf::train::TrainStepOptions fused = plain;
     fused.fused_backward = true;
     std::vector<std::vector<std::pair<std::string, at::Tensor>>> weights;
     for (const auto& o : {plain, fused}) {
         auto model = tiny_video();
-        sf::train::AdamWOptions a;
-        a.lr = 1e-3;
-        sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), a,
-                                  sf::train::LRSchedule("constant", 1e-3, 0, 10), o,
-                                  c10::Device(c10::kCPU));
-        const sf::train::MicroBatch batch = video_batch();
-        at::Generator g = seeded(1);
-        for (int i = 0; i < 3; ++i) step.step([&](int64_t) { return batch; }, g);
+        train_video(model, o, 1e-3, 3);
         weights.push_back(sf::model::trainable_parameters(*model));
     }
     ASSERT_EQ(weights[0].size(), weights[1].size());
@@ -286,21 +290,9 @@ TEST(TrainStepVideo, LoRATrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
     sf::model::LoRAConfig lora;
     lora.targets = {"to_q", "to_k", "to_v", "to_out.0"};
     ASSERT_GT(sf::model::add_lora(*model, lora), 0);
-    sf::train::TrainStepOptions o;
-    o.gradient_checkpointing = 1;
-    o.attention = "chunked";
-    o.attention_chunk = 7;
-    o.ff_chunk_size = 1;
+    sf::train::TrainStepOptions o = recomputing_options();
     o.fused_backward = true;
-    o.max_grad_norm = 0;
-    sf::train::AdamWOptions a;
-    a.lr = 1e-2;
-    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), a,
-                              sf::train::LRSchedule("constant", 1e-2, 0, 10), o,
-                              c10::Device(c10::kCPU));
-    const sf::train::MicroBatch batch = video_batch();
-    at::Generator g = seeded(1);
-    for (int i = 0; i < 3; ++i) step.step([&](int64_t) { return batch; }, g);
+    train_video(model, o, 1e-2, 3);
     int64_t adapters = 0;
     for (const auto& item : model->named_parameters()) {
         auto it = base.find(item.key());
