@@ -291,6 +291,27 @@ std::string gib(int64_t bytes) {
     return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 30));
 }
 
+// How the all-remedies peak grows along the grids (`peaks`: grid, peak): the slope between the
+// ends, and each middle point against the straight line through them (above 1: faster than
+// linear).
+void print_growth(const std::vector<std::pair<int64_t, double>>& peaks, bool video) {
+    if (peaks.size() < 2) return;
+    const auto& [g0, p0] = peaks.front();
+    const auto& [g1, p1] = peaks.back();
+    const double slope = (p1 - p0) / static_cast<double>(g1 - g0);
+    std::string middle;
+    for (size_t i = 1; i + 1 < peaks.size(); ++i) {
+        const auto& [g, p] = peaks[i];
+        middle += fmt::format("{}{} at {:.3f}x", middle.empty() ? "" : ", ", g,
+                              p / (p0 + slope * static_cast<double>(g - g0)));
+    }
+    std::printf(
+        "all remedies: %.3f GiB per %s from %lld to %lld; against the straight line through the "
+        "ends: %s (above 1: faster than linear)\n",
+        slope / (1 << 30), video ? "latent frame" : "grid step", static_cast<long long>(g0),
+        static_cast<long long>(g1), middle.empty() ? "no middle point" : middle.c_str());
+}
+
 int run_table(const Args& a) {
     const std::string model =
         !a.config.empty() ? a.config
@@ -350,24 +371,7 @@ int run_table(const Args& a) {
         }
         last_batch = batch;
     }
-    if (all_peaks.size() >= 2) {
-        // How the all-remedies peak grows along the axis: the slope between the ends, and the
-        // middle points against the straight line (above it: faster than linear).
-        const auto& [g0, p0] = all_peaks.front();
-        const auto& [g1, p1] = all_peaks.back();
-        const double slope = (p1 - p0) / static_cast<double>(g1 - g0);
-        std::string middle;
-        for (size_t i = 1; i + 1 < all_peaks.size(); ++i) {
-            const auto& [g, p] = all_peaks[i];
-            middle += fmt::format("{}{} at {:.3f}x", middle.empty() ? "" : ", ", g,
-                                  p / (p0 + slope * static_cast<double>(g - g0)));
-        }
-        std::printf(
-            "all remedies: %.3f GiB per %s from %lld to %lld; against the straight line through "
-            "the ends: %s (above 1: faster than linear)\n",
-            slope / (1 << 30), a.video ? "latent frame" : "grid step", static_cast<long long>(g0),
-            static_cast<long long>(g1), middle.empty() ? "no middle point" : middle.c_str());
-    }
+    print_growth(all_peaks, a.video);
     const Result& base = last_grid["baseline"];
     const Result& all = last_grid["all"];
     if (!base.fits || !all.fits) {
