@@ -1,5 +1,6 @@
 // The memory meter: exact byte counts, peaks, the byte budget in forward and backward.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include "core/host_memory.h"
@@ -221,6 +222,34 @@ TEST(MemoryPool, AFarSmallerTensorTakesTheHeadOfAPooledBlockAndItsTailIsUnmapped
         EXPECT_EQ(sf::mem::cpu_pooled_bytes(), 0);
         EXPECT_LE(sf::mem::rss_bytes(), rss - (24 << 20));  // the tail's pages went back
     }
+    sf::mem::empty_cache();
+}
+
+// Minor page faults of the process so far.
+int64_t page_faults() {
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_minflt;
+}
+
+// Page faults taken while allocating and filling `mib` MiB.
+int64_t faults_to_fill(int64_t mib) {
+    const int64_t before = page_faults();
+    auto t = torch::ones({mib << 20}, torch::kUInt8);
+    return page_faults() - before;
+}
+
+TEST(MemoryPool, ALargerTensorGrowsAPooledBlockWhosePagesStayResident) {
+    sf::mem::empty_cache();
+    sf::mem::set_cpu_pool_limit(0);
+    const int64_t fresh = faults_to_fill(40);  // every page of a new mapping
+    sf::mem::set_cpu_pool_limit(int64_t{4} << 30);
+    { auto a = torch::ones({16 << 20}, torch::kUInt8); }  // 16 MiB, touched, pooled on free
+    ASSERT_GE(sf::mem::cpu_pooled_bytes(), 16 << 20);
+    // No larger block: the 16 MiB one grows to 40, and only its 24 MiB tail faults in.
+    const int64_t grown = faults_to_fill(40);
+    EXPECT_LE(grown, fresh * 8 / 10) << "fresh " << fresh << ", grown " << grown;
+    EXPECT_GE(sf::mem::cpu_pooled_bytes(), 40 << 20);  // the grown block, pooled again
     sf::mem::empty_cache();
 }
 

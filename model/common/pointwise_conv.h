@@ -11,11 +11,17 @@
 
 namespace sf::model {
 
+// A 1x1 conv's weight [C', C, 1, 1] (and bias [C'] or undefined) applied to x [B, C, h, w] ->
+// [B, C', h, w], a channels-last view.
+inline at::Tensor pointwise_conv(const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& bias) {
+    const at::Tensor pixels = x.permute({0, 2, 3, 1});  // [B, h, w, C]
+    return at::linear(pixels, weight.flatten(1), bias).permute({0, 3, 1, 2});
+}
+
 // conv (1x1, stride 1, no groups) of x [B, C, h, w] -> [B, C', h, w], a channels-last view.
 inline at::Tensor pointwise_conv(const torch::nn::Conv2d& conv, const at::Tensor& x) {
-    const at::Tensor& bias = conv->options.bias() ? conv->bias : at::Tensor();
-    const at::Tensor pixels = x.permute({0, 2, 3, 1});  // [B, h, w, C]
-    return at::linear(pixels, conv->weight.flatten(1), bias).permute({0, 3, 1, 2});
+    return pointwise_conv(x, conv->weight, conv->options.bias() ? conv->bias : at::Tensor());
 }
 
 }  // namespace sf::model

@@ -253,9 +253,33 @@ SanaGLUMBConvImpl::SanaGLUMBConvImpl(int64_t dim, int64_t hidden) {
         register_module("conv_point", nn::Conv2d(nn::Conv2dOptions(hidden, dim, 1).bias(false)));
 }
 
-at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int64_t count) {
+MixFFNWeights SanaGLUMBConvImpl::weights() const {
+    return {conv_inverted->weight, conv_inverted->bias, conv_depth->weight, conv_depth->bias,
+            conv_point->weight};
+}
+
+MixFFNWeights SanaGLUMBConvImpl::cast_weights() const {
+    const AutocastState autocast = AutocastState::capture();
+    MixFFNWeights w = weights();
+    for (at::Tensor* t : w.all()) {
+        if (!t->defined()) continue;
+        const bool grad = t->requires_grad();
+        std::optional<at::ScalarType> to;
+        if (t->is_cpu() && autocast.cpu_enabled) to = autocast.cpu_dtype;
+        if (t->is_cuda() && autocast.cuda_enabled) to = autocast.cuda_dtype;
+        // What autocast's cached_cast casts: floating tensors other than double.
+        const bool cast = to && t->is_floating_point() && t->scalar_type() != at::kDouble;
+        *t = cast ? t->detach().to(*to) : t->detach();
+        if (grad) t->requires_grad_(true);
+    }
+    return w;
+}
+
+at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int64_t count,
+                                   const MixFFNWeights& w) {
     // F = the hidden width.
-    at::Tensor h = torch::silu(pointwise_conv(conv_inverted, window));  // [B, 2F, rows, w]
+    at::Tensor h =
+        torch::silu(pointwise_conv(window, w.inverted, w.inverted_bias));  // [B, 2F, rows, w]
     at::Tensor y = h;
     if (window.size(2) < 3) {
         // A window of fewer than 3 rows (a 1-row chunk at the image's edge) gets a zero row of h
@@ -269,10 +293,13 @@ at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int6
         y = at::constant_pad_nd(y, {0, 0, edge_above ? 1 : 0, edge_below ? 1 : 0}, 0.0);
         if (edge_above) ++first;
     }
-    y = conv_depth(y);
+    // conv_depth: 3x3, padding 1, one group per channel.
+    y = at::conv2d(y, w.depth, w.depth_bias, /*stride=*/1, /*padding=*/1, /*dilation=*/1,
+                   /*groups=*/w.depth.size(0));
     if (y.size(2) != count) y = y.narrow(2, first, count);  // drop the halo's rows
     const auto halves = y.chunk(2, 1);                      // value, gate: [B, F, count, w] each
-    return pointwise_conv(conv_point, halves[0] * torch::silu(halves[1]));  // [B, D, count, w]
+    return pointwise_conv(halves[0] * torch::silu(halves[1]), w.point,
+                          at::Tensor());  // [B, D, count, w]
 }
 
 namespace {
@@ -306,6 +333,19 @@ struct ChunkedFFNState : torch::CustomClassHolder {
     std::vector<at::Tensor> params;  // ff's that require grad: the node's inputs after x
 };
 
+// The stand-in in `cast` of each parameter (one of `own`'s tensors), in the parameters' order.
+std::vector<at::Tensor> stand_ins(const std::vector<at::Tensor>& params, MixFFNWeights own,
+                                  MixFFNWeights cast) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : params) {
+        for (size_t k = 0; k < own.all().size(); ++k) {
+            if (own.all()[k]->is_same(p)) out.push_back(*cast.all()[k]);
+        }
+    }
+    TORCH_CHECK(out.size() == params.size(), "ChunkedGatedFFN: a parameter is not the module's");
+    return out;
+}
+
 // h + gate * ff(x), one node: the forward keeps x and gate, the backward recomputes one chunk
 // at a time with grad and takes its gradients (x's, the parameters', the gate's) before the next.
 // The parameters' gradients are summed over the chunks and leave this node with the others, so
@@ -325,7 +365,6 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
             return at::empty(h.sizes(), h.options().dtype(c10::promoteTypes(h.scalar_type(),
                                                                             gate.scalar_type())));
         }
-        CastCacheOff no_cache;  // the backward's recompute must cast the weights itself
         return ff->chunked_gated_residual(h, gate, x);
     }
 
@@ -341,18 +380,22 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
         const std::vector<at::Tensor>& params = state->params;
         std::vector<at::Tensor> grad_params(params.size());
         AutocastGuard autocast(state->autocast);
+        // Cast once for all chunks; each chunk's gradients are taken for the casts and summed in
+        // the parameters' dtype, as the casts' own backward would have given them.
+        const MixFFNWeights w = state->ff->cast_weights();
+        const std::vector<at::Tensor> targets_w = stand_ins(params, state->ff->weights(), w);
         for (const RowChunk& c : row_chunks(x.size(2), state->ff->chunk_rows)) {
             const at::Tensor window =
                 x.narrow(2, c.lo, c.hi - c.lo).detach().requires_grad_(x.requires_grad());
             at::Tensor y;  // [B, count * w, D]
             {
                 torch::AutoGradMode grad(true);
-                y = tokens_of(state->ff->rows(window, c.first - c.lo, c.count));
+                y = tokens_of(state->ff->rows(window, c.first - c.lo, c.count, w));
             }
             const at::Tensor g_c = g.narrow(1, c.first * width, c.count * width);
             if (grad_gate.defined()) grad_gate += (g_c * y.detach()).sum(1, true);
             if (!y.requires_grad()) continue;
-            std::vector<at::Tensor> targets = params;
+            std::vector<at::Tensor> targets = targets_w;
             if (grad_x.defined()) targets.push_back(window);
             const variable_list found =
                 torch::autograd::grad({y}, targets, {(g_c * gate).to(y.scalar_type())},
@@ -363,7 +406,7 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
                 if (grad_params[i].defined()) {
                     grad_params[i].add_(found[i]);
                 } else {
-                    grad_params[i] = found[i];
+                    grad_params[i] = found[i].to(params[i].scalar_type());
                 }
             }
             if (grad_x.defined()) grad_x.narrow(2, c.lo, c.hi - c.lo) += found.back();
@@ -381,10 +424,11 @@ struct ChunkedGatedFFN : torch::autograd::Function<ChunkedGatedFFN> {
 at::Tensor SanaGLUMBConvImpl::chunked_gated_residual(const at::Tensor& h, const at::Tensor& gate,
                                                      const at::Tensor& x) {
     const int64_t width = x.size(3);
+    const MixFFNWeights w = cast_weights();
     at::Tensor out;
     for (const RowChunk& c : row_chunks(x.size(2), chunk_rows)) {
         const at::Tensor y =
-            tokens_of(rows(x.narrow(2, c.lo, c.hi - c.lo), c.first - c.lo, c.count));
+            tokens_of(rows(x.narrow(2, c.lo, c.hi - c.lo), c.first - c.lo, c.count, w));
         const at::Tensor gated = gate * y;
         if (!out.defined()) {
             out = at::empty(h.sizes(), h.options().dtype(c10::promoteTypes(h.scalar_type(),
@@ -399,7 +443,9 @@ at::Tensor SanaGLUMBConvImpl::chunked_gated_residual(const at::Tensor& h, const 
 at::Tensor SanaGLUMBConvImpl::gated_residual(const at::Tensor& h, const at::Tensor& gate,
                                              const at::Tensor& x, bool result_unread) {
     const int64_t height = x.size(2);
-    if (chunk_rows <= 0 || chunk_rows >= height) return h + gate * tokens_of(rows(x, 0, height));
+    if (chunk_rows <= 0 || chunk_rows >= height) {
+        return h + gate * tokens_of(rows(x, 0, height, weights()));
+    }
     if (!at::GradMode::is_enabled()) return chunked_gated_residual(h, gate, x);
     const std::vector<at::Tensor> params = params_requiring_grad(*this);
     // As a TensorList, so that apply counts each parameter as an input of the node.

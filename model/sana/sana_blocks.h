@@ -14,6 +14,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -142,6 +143,16 @@ struct SanaCrossAttentionImpl : torch::nn::Module {
 };
 TORCH_MODULE(SanaCrossAttention);
 
+// The Mix-FFN's weights as one call uses them: the modules' own, or each cast once to the dtype
+// autocast would cast it to, so that a chunked call does not cast them again for every chunk.
+struct MixFFNWeights {
+    at::Tensor inverted, inverted_bias, depth, depth_bias, point;
+    // The five in this order, for matching a parameter to its stand-in.
+    std::array<at::Tensor*, 5> all() {
+        return {&inverted, &inverted_bias, &depth, &depth_bias, &point};
+    }
+};
+
 // Mix-FFN: 1x1 conv to 2h + SiLU, 3x3 depthwise conv, x * SiLU(gate), 1x1 conv back to D (no
 // bias). The depthwise conv is what gives linear attention its sense of locality.
 //
@@ -165,7 +176,13 @@ struct SanaGLUMBConvImpl : torch::nn::Module {
                                       const at::Tensor& x);
     // `count` rows of ff from `window` [B, D, rows, w], rows of x whose first `first` (and any
     // after the `count`) are halo: -> [B, D, count, w].
-    at::Tensor rows(const at::Tensor& window, int64_t first, int64_t count);
+    at::Tensor rows(const at::Tensor& window, int64_t first, int64_t count, const MixFFNWeights& w);
+    // The modules' weights as they are.
+    MixFFNWeights weights() const;
+    // Detached copies cast to what autocast (the calling thread's) would cast them to for
+    // tensors on their device; those whose parameter requires grad require grad themselves
+    // (autograd::grad's targets in the chunked backward).
+    MixFFNWeights cast_weights() const;
     torch::nn::Conv2d conv_inverted{nullptr}, conv_depth{nullptr}, conv_point{nullptr};
     int64_t chunk_rows = 0;  // 0: every row at once
 };

@@ -2,7 +2,7 @@
 // of a Sana transformer, measured in a fresh process per variant.
 //
 //   memory_ablation [--config CONFIG.json] [--grids 32,64,128] [--batch 4] [--caption_len 300]
-//                   [--steps 3] [--device cpu|cuda] [--variant NAME --grid G]
+//                   [--steps 3] [--device cpu|cuda] [--ff_rows 8] [--variant NAME --grid G]
 //   memory_ablation --video [--grids 5,13,21] [--latent 60x104] [--batch 1] ...
 //
 // --video runs the SANA-Video transformer (4 blocks of width 512 with its block structure by
@@ -15,7 +15,7 @@
 // Variants: baseline (fp32, no checkpointing, dense cross-attention, the whole effective batch in
 // one micro-batch: how the unoptimised scripts run), each remedy alone (mixed_precision,
 // gradient_checkpointing, accumulation, chunked_attention, chunked_ff: the Mix-FFN over
-// kImageFFRows latent rows at a time, fused_backward), all of them together at the same effective
+// --ff_rows latent rows at a time, fused_backward), all of them together at the same effective
 // batch, and online_encoding: the baseline with the VAE and the text encoder resident and
 // encoding the step's batch, as training without a cache does.
 //
@@ -23,12 +23,16 @@
 // median (the warm-up pays for AdamW's state and the first touch of every page), the memory the
 // peak over all of them.
 //
+// `--variant all-REMEDY` is every remedy but that one (all-chunked_ff: what the chunked
+// feed-forward costs inside `all`).
+//
 // With --variant and --grid, one variant runs in this process and the last two lines are
 // peak_rss_bytes=<n> and step_seconds=<x>. Without, every variant runs in a child process per
 // grid and a table is printed; the last line is ratio=<all / baseline peak resident memory at the
 // largest grid>. A variant that does not fit (the byte budget, set below this machine's free
 // memory) is reported as such; where the baseline does not fit, the batch is halved for both.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -75,7 +79,8 @@ struct Args {
     std::string device = "cpu";  // on "cuda" the peaks compared are the CUDA allocator's
     bool video = false;          // the video transformer; `grid` is then latent frames
     int64_t latent_h = 60, latent_w = 104;
-    int64_t steps = 3;  // timed steps after the warm-up
+    int64_t ff_rows = sf::bench::kImageFFRows;  // the image chunked feed-forward's rows
+    int64_t steps = 3;                          // timed steps after the warm-up
 };
 
 // Whether variant `v` runs in this mode: chunked_ff is the video transformer's, online_encoding
@@ -110,22 +115,40 @@ int64_t mem_available() {
     return int64_t{8} << 30;
 }
 
+// `all` and `all-REMEDY`: every remedy, or every one but REMEDY.
+bool in_all(const std::string& v, const std::string& remedy) {
+    return v == "all" || (v.rfind("all-", 0) == 0 && v.substr(4) != remedy);
+}
+
+// Whether `v` names a variant: one of kVariants, or all-REMEDY for one of the remedies.
+bool known_variant(const std::string& v) {
+    const auto is = [](const std::string& name) {
+        return std::find(kVariants.begin(), kVariants.end(), name) != kVariants.end();
+    };
+    if (v.rfind("all-", 0) == 0) {
+        const std::string remedy = v.substr(4);
+        return is(remedy) && remedy != "baseline" && remedy != "all" && remedy != "online_encoding";
+    }
+    return is(v);
+}
+
 sf::train::TrainStepOptions options_for(const Args& a, const std::string& v, int64_t batch) {
     sf::train::TrainStepOptions o;
     o.mark_steps = 0;
-    const bool all = v == "all";
-    if (all || v == "mixed_precision") o.mixed_precision = "bf16";
-    if (all || v == "gradient_checkpointing") o.gradient_checkpointing = 1;
-    if (all || v == "accumulation") o.accumulation = batch;
-    if ((all || v == "chunked_attention") && a.video) {
+    // Whether the variant has this remedy: alone, or as one of all's.
+    const auto on = [&](const std::string& remedy) { return v == remedy || in_all(v, remedy); };
+    if (on("mixed_precision")) o.mixed_precision = "bf16";
+    if (on("gradient_checkpointing")) o.gradient_checkpointing = 1;
+    if (on("accumulation")) o.accumulation = batch;
+    if (on("chunked_attention") && a.video) {
         // One frame's tokens per chunk: the score matrix stays one frame's at any window length.
         o.attention = "chunked";
         o.attention_chunk = (a.latent_h / 2) * (a.latent_w / 2);
-    } else if (all || v == "chunked_attention") {
+    } else if (on("chunked_attention")) {
         o.attention = "fused";  // SDPA where it exists, else chunked
     }
-    if (all || v == "chunked_ff") o.ff_chunk_size = a.video ? 2 : sf::bench::kImageFFRows;
-    if (all || v == "fused_backward") o.fused_backward = true;
+    if (on("chunked_ff")) o.ff_chunk_size = a.video ? 2 : a.ff_rows;
+    if (on("fused_backward")) o.fused_backward = true;
     if (!o.fused_backward) o.max_grad_norm = 1.0;
     return o;
 }
@@ -244,7 +267,9 @@ Result run_child(const Args& a, const std::string& variant, int64_t grid, int64_
                                      "--steps",
                                      std::to_string(a.steps),
                                      "--device",
-                                     a.device};
+                                     a.device,
+                                     "--ff_rows",
+                                     std::to_string(a.ff_rows)};
     if (!a.config.empty()) argv.insert(argv.end(), {"--config", a.config});
     if (a.video) {
         argv.insert(argv.end(),
@@ -415,6 +440,8 @@ int main(int argc, char** argv) {
             a.steps = std::stoll(value());
         else if (flag == "--caption_len")
             a.caption_len = std::stoll(value());
+        else if (flag == "--ff_rows")
+            a.ff_rows = std::stoll(value());
         else if (flag == "--variant")
             a.variant = value();
         else if (flag == "--grid")
@@ -434,7 +461,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "memory_ablation: unknown flag %s (flags: --config --grids --batch "
                          "--caption_len --steps --variant --grid --budget --device --video "
-                         "--latent)\n",
+                         "--latent --ff_rows)\n",
                          flag.c_str());
             return 2;
         }
@@ -445,15 +472,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "memory_ablation: --latent wants HxW, even numbers (e.g. 60x104)\n");
         return 2;
     }
-    if (a.batch < 1 || a.caption_len < 1 || a.grids.empty() || a.steps < 0) {
+    if (a.batch < 1 || a.caption_len < 1 || a.grids.empty() || a.steps < 0 || a.ff_rows < 1) {
         std::fprintf(stderr,
-                     "memory_ablation: --batch, --caption_len and --grids must be positive, "
-                     "--steps at least 0\n");
+                     "memory_ablation: --batch, --caption_len, --grids and --ff_rows must be "
+                     "positive, --steps at least 0\n");
         return 2;
     }
     if (!a.variant.empty()) {
-        if (std::find(kVariants.begin(), kVariants.end(), a.variant) == kVariants.end()) {
-            std::fprintf(stderr, "memory_ablation: unknown variant %s\n", a.variant.c_str());
+        if (!known_variant(a.variant)) {
+            std::fprintf(stderr, "memory_ablation: unknown variant %s (known: %s, all-REMEDY)\n",
+                         a.variant.c_str(), fmt::format("{}", fmt::join(kVariants, " ")).c_str());
             return 2;
         }
         if (a.grid <= 0) a.grid = a.grids.back();
