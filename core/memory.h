@@ -56,8 +56,9 @@ private:
 // Blocks of 1 MiB and more freed by the counting allocator are pooled for reuse (by size class)
 // rather than returned to the C library, which would unmap them and fault their pages back in on
 // the next forward; the pool is bounded (default 4 GiB, SANAFLOW_CPU_POOL_MB) and frees pooled
-// blocks before mapping new ones, so it never raises the peak resident set. Pooled bytes are not
-// counted in cpu_stats(), like the CUDA allocator's reserved-but-free memory.
+// blocks before mapping new ones, so it raises the peak resident set by 1/16 of the peak of live
+// blocks at most. Pooled bytes are not counted in cpu_stats(), like the CUDA allocator's
+// reserved-but-free memory.
 int64_t cpu_pooled_bytes();
 void set_cpu_pool_limit(int64_t bytes);  // 0 disables pooling
 int64_t cpu_pool_limit();

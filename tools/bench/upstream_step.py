@@ -8,6 +8,8 @@ block structure), full fine-tune with torch.optim.AdamW, flow-matching loss, gra
   baseline   fp32, no checkpointing, the whole batch in one micro-batch
   remedies   what the script offers: enable_gradient_checkpointing(), bf16 autocast (accelerate's
              --mixed_precision bf16), gradient accumulation over micro-batches of one
+  mixed_precision, gradient_checkpointing, accumulation
+             each of those three alone (memory_ablation's variants of the same names)
 
 One warm-up step, then --steps steps; prints step_seconds=<median> and peak_rss_bytes=<n>.
 
@@ -46,7 +48,11 @@ def ablation_transformer():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", choices=["baseline", "remedies"], required=True)
+    parser.add_argument(
+        "--variant",
+        choices=["baseline", "remedies", "mixed_precision", "gradient_checkpointing", "accumulation"],
+        required=True,
+    )
     parser.add_argument("--grid", type=int, default=32)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--caption_len", type=int, default=300)
@@ -60,13 +66,14 @@ def main():
     model = ablation_transformer()
     model.train()
     remedies = args.variant == "remedies"
-    if remedies:
+    bf16 = remedies or args.variant == "mixed_precision"
+    if remedies or args.variant == "gradient_checkpointing":
         model.enable_gradient_checkpointing()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4)
     latents = torch.randn(args.batch, 32, args.grid, args.grid)
     captions = torch.randn(args.batch, args.caption_len, 2304)
     mask = torch.ones(args.batch, args.caption_len, dtype=torch.long)
-    micro = 1 if remedies else args.batch
+    micro = 1 if remedies or args.variant == "accumulation" else args.batch
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -76,7 +83,7 @@ def main():
             sigmas = torch.rand(x.shape[0])
             s = sigmas.view(-1, 1, 1, 1)
             noisy = (1.0 - s) * x + s * noise
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=remedies):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 pred = model(
                     hidden_states=noisy,
                     encoder_hidden_states=captions[start : start + micro],
