@@ -63,6 +63,16 @@ AutocastGuard::~AutocastGuard() {
     previous_.restore();
 }
 
+at::Tensor autocast_cast(const at::Tensor& t) {
+    if (!t.defined() || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t;
+    const c10::DeviceType device = t.device().type();
+    if ((device != c10::DeviceType::CPU && device != c10::DeviceType::CUDA) ||
+        !compat::autocast_enabled(device)) {
+        return t;
+    }
+    return t.to(compat::autocast_dtype(device));
+}
+
 int autocast_nesting() {
     // LibTorch has no getter: the counter is read through the increment's return value.
     const int level = at::autocast::increment_nesting();

@@ -10,8 +10,11 @@
 // and re-enters for the recompute in backward.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 namespace sf::model {
 
@@ -73,6 +76,17 @@ public:
 
 private:
     bool previous_;
+};
+
+// `t` as autocast casts the inputs of a low-precision op (matmul, linear, conv) on t's device:
+// a floating tensor other than double in the autocast dtype when autocast is on there, else t
+// itself. Differentiable. Casting an input once that several ops share saves a copy per op.
+at::Tensor autocast_cast(const at::Tensor& t);
+
+// Autocast off for the guard's lifetime, whatever scope is open: for kernels that do their own
+// fp32 math, whose matmuls autocast would otherwise recast to the low-precision dtype.
+struct NoAutocast {
+    c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
 };
 
 }  // namespace sf::model

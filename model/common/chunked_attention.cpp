@@ -4,7 +4,6 @@
 // with ds = p * (dp - rowsum(dO * O)), the softmax gradient without the [N, L] matrix.
 #include "model/common/chunked_attention.h"
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -14,6 +13,7 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "core/torch_compat.h"
+#include "model/common/autocast.h"
 
 namespace sf::model {
 namespace {
@@ -59,11 +59,6 @@ at::Tensor checked_bias(const at::Tensor& q, const at::Tensor& k, const at::Tens
     }
     return bias.view(sizes);
 }
-
-// The kernel does its own fp32 math, so autocast must not recast its matmuls to bf16.
-struct NoAutocast {
-    c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
-};
 
 struct ChunkedAttentionFunction : torch::autograd::Function<ChunkedAttentionFunction> {
     // `bias` is an optional: the Function's input bookkeeping refuses undefined tensors.

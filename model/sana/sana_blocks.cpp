@@ -11,6 +11,7 @@
 #include "core/torch_compat.h"
 #include "model/common/autocast.h"
 #include "model/common/checkpoint.h"
+#include "model/common/linear_attention.h"
 #include "model/common/lora.h"
 #include "model/common/pointwise_conv.h"
 
@@ -180,24 +181,15 @@ at::Tensor SanaLinearAttentionImpl::attend(const at::Tensor& x, const at::Tensor
 }
 
 at::Tensor SanaLinearAttentionImpl::forward(const at::Tensor& x) {
-    if (chunk_tokens <= 0 || chunk_tokens >= x.size(1)) return attend(x, key_values(x));
-    const bool grad = at::GradMode::is_enabled();
-    const std::vector<at::Tensor> pieces = x.split(chunk_tokens, 1);  // [B, n, D] each
-    // Every piece uses the projections: their gradients meet in one accumulation.
-    const std::vector<at::Tensor> params =
-        grad ? params_requiring_grad(*this) : std::vector<at::Tensor>();
-    at::Tensor kv;
-    for (const at::Tensor& piece : pieces) {
-        auto fn = [this](const std::vector<at::Tensor>& in) { return key_values(in[0]); };
-        const at::Tensor part = grad ? checkpoint(fn, {piece}, {}, params) : fn({piece});
-        kv = kv.defined() ? kv + part : part;
-    }
-    std::vector<at::Tensor> outs;
-    for (const at::Tensor& piece : pieces) {
-        auto fn = [this](const std::vector<at::Tensor>& in) { return attend(in[0], in[1]); };
-        outs.push_back(grad ? checkpoint(fn, {piece, kv}, {}, params) : fn({piece, kv}));
-    }
-    return at::cat(outs, 1);  // [B, N, D]
+    if (chunk_tokens <= 0) return attend(x, key_values(x));
+    // Cast once for the three projections, not once each (and three copies kept for backward).
+    const at::Tensor xc = autocast_cast(x);
+    const at::Tensor out =
+        relu_linear_attention(apply_linear(to_q, xc), apply_linear(to_k, xc),
+                              apply_linear(to_v, xc), heads, chunk_tokens);  // [B, N, C]
+    at::Tensor projected = out_dropout(apply_linear(out_proj, out));
+    if (x.scalar_type() == at::kHalf) projected = projected.clamp(-65504, 65504);
+    return projected;
 }
 
 SanaCrossAttentionImpl::SanaCrossAttentionImpl(int64_t dim, int64_t context_dim, int64_t heads_,
@@ -259,17 +251,11 @@ MixFFNWeights SanaGLUMBConvImpl::weights() const {
 }
 
 MixFFNWeights SanaGLUMBConvImpl::cast_weights() const {
-    const AutocastState autocast = AutocastState::capture();
     MixFFNWeights w = weights();
     for (at::Tensor* t : w.all()) {
         if (!t->defined()) continue;
         const bool grad = t->requires_grad();
-        std::optional<at::ScalarType> to;
-        if (t->is_cpu() && autocast.cpu_enabled) to = autocast.cpu_dtype;
-        if (t->is_cuda() && autocast.cuda_enabled) to = autocast.cuda_dtype;
-        // What autocast's cached_cast casts: floating tensors other than double.
-        const bool cast = to && t->is_floating_point() && t->scalar_type() != at::kDouble;
-        *t = cast ? t->detach().to(*to) : t->detach();
+        *t = autocast_cast(t->detach());
         if (grad) t->requires_grad_(true);
     }
     return w;
@@ -281,23 +267,25 @@ at::Tensor SanaGLUMBConvImpl::rows(const at::Tensor& window, int64_t first, int6
     at::Tensor h =
         torch::silu(pointwise_conv(window, w.inverted, w.inverted_bias));  // [B, 2F, rows, w]
     at::Tensor y = h;
-    if (window.size(2) < 3) {
-        // A window of fewer than 3 rows (a 1-row chunk at the image's edge) gets a zero row of h
-        // for its missing halo, which is what the conv's own zero padding gives it: on 1 or 2
-        // rows of any width, oneDNN's depthwise conv of channels-last input (h is:
-        // pointwise_conv's) takes a path whose scratchpad is megabytes (3 MB at 320 channels,
-        // 4.6 MB in bf16). Larger windows are not copied so.
-        const int64_t below = window.size(2) - first - count;
-        const bool edge_above = first == 0 && window.size(2) != count;
-        const bool edge_below = below == 0 && window.size(2) != count;
-        y = at::constant_pad_nd(y, {0, 0, edge_above ? 1 : 0, edge_below ? 1 : 0}, 0.0);
-        if (edge_above) ++first;
+    if (window.size(2) == count) {
+        // The whole latent: conv_depth as upstream runs it (3x3, padding 1, a group per channel).
+        y = at::conv2d(y, w.depth, w.depth_bias, /*stride=*/1, /*padding=*/1, /*dilation=*/1,
+                       /*groups=*/w.depth.size(0));
+    } else {
+        // A chunk of rows: its window has one halo row on each side where the latent has one,
+        // and a zero row of h where it has none (the image's edge), which is what the conv's
+        // own zero padding gives. So the conv pads only the width and yields exactly the chunk's
+        // rows: no slice of a larger output, whose backward would allocate and zero a gradient
+        // of the whole window. (Windows of 3 rows or more also keep oneDNN's depthwise conv of
+        // channels-last input off a path whose scratchpad is megabytes on 1 or 2 rows.)
+        const int64_t above = first == 0 ? 1 : 0;
+        const int64_t below = window.size(2) - first - count == 0 ? 1 : 0;
+        if (above + below > 0) y = at::constant_pad_nd(y, {0, 0, above, below}, 0.0);
+        const std::vector<int64_t> width_only = {0, 1};
+        y = at::conv2d(y, w.depth, w.depth_bias, /*stride=*/{1, 1}, width_only,
+                       /*dilation=*/{1, 1}, /*groups=*/w.depth.size(0));
     }
-    // conv_depth: 3x3, padding 1, one group per channel.
-    y = at::conv2d(y, w.depth, w.depth_bias, /*stride=*/1, /*padding=*/1, /*dilation=*/1,
-                   /*groups=*/w.depth.size(0));
-    if (y.size(2) != count) y = y.narrow(2, first, count);  // drop the halo's rows
-    const auto halves = y.chunk(2, 1);                      // value, gate: [B, F, count, w] each
+    const auto halves = y.chunk(2, 1);  // value, gate: [B, F, count, w] each
     return pointwise_conv(halves[0] * torch::silu(halves[1]), w.point,
                           at::Tensor());  // [B, D, count, w]
 }

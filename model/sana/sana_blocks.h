@@ -97,11 +97,11 @@ TORCH_MODULE(SanaPatchEmbed);
 // computed in fp32 whatever the input dtype. `to_out` is a ModuleList as upstream: "0" the
 // output Linear, "1" a Dropout (no parameters).
 //
-// With chunk_tokens n > 0 (the chunked and fused attention kinds) it runs over n tokens at a time
-// in two passes, each chunk checkpointed in grad mode: kv = the sum of every chunk's v_pad k^T,
-// then each chunk's output from kv and its own q. Only the small kv ([B, H, d + 1, d]) and the
-// chunks' inputs are kept, so the fp32 q, k, v of the whole sequence never exist at once; the
-// result equals the whole run's up to the order of kv's sum.
+// With chunk_tokens n > 0 (the chunked and fused attention kinds) the attention between the
+// projections is relu_linear_attention() (model/common/linear_attention.h), over n tokens at a
+// time: it keeps q, k, v in their own dtype and the small kv ([B, H, d + 1, d]), so the fp32 q, k,
+// v of the whole sequence never exist at once and nothing is recomputed; the result equals the
+// whole run's up to the order of kv's sum.
 struct SanaLinearAttentionImpl : torch::nn::Module {
     SanaLinearAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool bias,
                             double dropout);

@@ -220,17 +220,16 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const double ckpt = static_cast<double>(checkpointed_blocks(c.layers, r));
     const double plain = blocks - ckpt;
     // What the models do with the chunk sizes (sana_blocks.cpp, sana_video_blocks.cpp): the
-    // cross-attention runs its chunked kernel at any chunk; the image transformer's softmax
-    // self-attention runs whole when one chunk would hold every token (the video transformer's
-    // linear self-attention always does). The feed-forward runs whole when one chunk holds every
-    // row (image: a chunk of rows needs one row of halo on each side) or frame (video: the
-    // temporal convolution runs after the chunks, on the D-wide result).
+    // cross-attention runs its chunked kernel at any chunk, and so does the image transformer's
+    // linear self-attention (the video transformer's runs whole). The feed-forward runs whole
+    // when one chunk holds every row (image: a chunk of rows needs one row of halo on each side)
+    // or frame (video: the temporal convolution runs after the chunks, on the D-wide result).
     const bool chunked = r.chunked_attention();
     const double dense = chunked ? 0.0 : 1.0;
     const double chunk = chunked ? static_cast<double>(std::min(r.attention_chunk, tokens)) : 0.0;
-    const bool self_chunked = chunked && !c.video && r.attention_chunk < tokens;
+    const bool self_chunked = chunked && !c.video;
     const double self_whole = self_chunked ? 0.0 : 1.0;
-    const double self_chunk = self_chunked ? static_cast<double>(r.attention_chunk) : 0.0;
+    const double self_chunk = self_chunked ? chunk : 0.0;
     const int64_t ff_units = c.video ? c.frames : rows;
     const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < ff_units;
     const double ff_whole = ff_chunked ? 0.0 : 1.0;

@@ -3,6 +3,7 @@
 //
 //   memory_ablation [--config CONFIG.json] [--grids 32,64,128] [--batch 4] [--caption_len 300]
 //                   [--steps 3] [--device cpu|cuda] [--ff_rows 8] [--variant NAME --grid G]
+//                   [--trace TRACE.json]
 //   memory_ablation --video [--grids 5,13,21] [--latent 60x104] [--batch 1] ...
 //
 // --video runs the SANA-Video transformer (4 blocks of width 512 with its block structure by
@@ -24,7 +25,11 @@
 // peak over all of them.
 //
 // `--variant all-REMEDY` is every remedy but that one (all-chunked_ff: what the chunked
-// feed-forward costs inside `all`).
+// feed-forward costs inside `all`); `--variant A+B+C` is those remedies together
+// (mixed_precision+gradient_checkpointing+accumulation: upstream's three).
+//
+// --trace writes the autograd profiler's record of every operator of one variant's run (warm-up
+// included; Chrome trace format, for Perfetto or tools/bench/trace_ops.py).
 //
 // With --variant and --grid, one variant runs in this process and the last two lines are
 // peak_rss_bytes=<n> and step_seconds=<x>. Without, every variant runs in a child process per
@@ -34,6 +39,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/wait.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -77,6 +83,7 @@ struct Args {
     int64_t grid = 0;
     int64_t budget = 0;          // bytes; 0: from the free memory
     std::string device = "cpu";  // on "cuda" the peaks compared are the CUDA allocator's
+    std::string trace;           // the autograd profiler's trace of one variant, when set
     bool video = false;          // the video transformer; `grid` is then latent frames
     int64_t latent_h = 60, latent_w = 104;
     int64_t ff_rows = sf::bench::kImageFFRows;  // the image chunked feed-forward's rows
@@ -115,28 +122,43 @@ int64_t mem_available() {
     return int64_t{8} << 30;
 }
 
-// `all` and `all-REMEDY`: every remedy, or every one but REMEDY.
-bool in_all(const std::string& v, const std::string& remedy) {
-    return v == "all" || (v.rfind("all-", 0) == 0 && v.substr(4) != remedy);
+// "a+b+c" -> {a, b, c}; one item for a name without '+'.
+std::vector<std::string> split_plus(const std::string& v) {
+    std::vector<std::string> out;
+    size_t begin = 0;
+    for (size_t end; (end = v.find('+', begin)) != std::string::npos; begin = end + 1)
+        out.push_back(v.substr(begin, end - begin));
+    out.push_back(v.substr(begin));
+    return out;
 }
 
-// Whether `v` names a variant: one of kVariants, or all-REMEDY for one of the remedies.
+// Whether variant `v` has `remedy`: alone, as one of all's, of all-REMEDY's or of A+B+C's.
+bool has_remedy(const std::string& v, const std::string& remedy) {
+    if (v == "all") return true;
+    if (v.rfind("all-", 0) == 0) return v.substr(4) != remedy;
+    const auto parts = split_plus(v);
+    return std::find(parts.begin(), parts.end(), remedy) != parts.end();
+}
+
+// Whether `v` names a variant: one of kVariants, all-REMEDY, or REMEDY+REMEDY+... .
 bool known_variant(const std::string& v) {
-    const auto is = [](const std::string& name) {
-        return std::find(kVariants.begin(), kVariants.end(), name) != kVariants.end();
+    const auto is_remedy = [](const std::string& name) {
+        return std::find(kVariants.begin(), kVariants.end(), name) != kVariants.end() &&
+               name != "baseline" && name != "all" && name != "online_encoding";
     };
-    if (v.rfind("all-", 0) == 0) {
-        const std::string remedy = v.substr(4);
-        return is(remedy) && remedy != "baseline" && remedy != "all" && remedy != "online_encoding";
+    if (v.rfind("all-", 0) == 0) return is_remedy(v.substr(4));
+    if (v.find('+') != std::string::npos) {
+        const auto parts = split_plus(v);
+        return std::all_of(parts.begin(), parts.end(), is_remedy);
     }
-    return is(v);
+    return std::find(kVariants.begin(), kVariants.end(), v) != kVariants.end();
 }
 
 sf::train::TrainStepOptions options_for(const Args& a, const std::string& v, int64_t batch) {
     sf::train::TrainStepOptions o;
     o.mark_steps = 0;
     // Whether the variant has this remedy: alone, or as one of all's.
-    const auto on = [&](const std::string& remedy) { return v == remedy || in_all(v, remedy); };
+    const auto on = [&](const std::string& remedy) { return has_remedy(v, remedy); };
     if (on("mixed_precision")) o.mixed_precision = "bf16";
     if (on("gradient_checkpointing")) o.gradient_checkpointing = 1;
     if (on("accumulation")) o.accumulation = batch;
@@ -226,7 +248,10 @@ int run_one(const Args& a) {
         if (online) {
             in.before_step = [&] { online->encode(a.batch, a.grid * 32, a.caption_len, device); };
         }
+        std::optional<torch::autograd::profiler::RecordProfile> trace;
+        if (!a.trace.empty()) trace.emplace(a.trace);
         const sf::plan::ProbeResult r = sf::plan::probe_step(w.model, in, o, device);
+        trace.reset();
         const int64_t peak_tensors = r.peak_tensor_bytes, peak_rss = r.peak_rss_bytes;
         const double seconds = r.step_seconds;
         std::printf("variant=%s grid=%lld batch=%lld micro_batch=%lld steps=%lld loss=%.5f\n",
@@ -450,6 +475,8 @@ int main(int argc, char** argv) {
             a.budget = std::stoll(value());
         else if (flag == "--device")
             a.device = value();
+        else if (flag == "--trace")
+            a.trace = value();
         else if (flag == "--video")
             a.video = true;
         else if (flag == "--latent") {
@@ -461,7 +488,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "memory_ablation: unknown flag %s (flags: --config --grids --batch "
                          "--caption_len --steps --variant --grid --budget --device --video "
-                         "--latent --ff_rows)\n",
+                         "--latent --ff_rows --trace)\n",
                          flag.c_str());
             return 2;
         }
@@ -480,8 +507,10 @@ int main(int argc, char** argv) {
     }
     if (!a.variant.empty()) {
         if (!known_variant(a.variant)) {
-            std::fprintf(stderr, "memory_ablation: unknown variant %s (known: %s, all-REMEDY)\n",
-                         a.variant.c_str(), fmt::format("{}", fmt::join(kVariants, " ")).c_str());
+            std::fprintf(
+                stderr,
+                "memory_ablation: unknown variant %s (known: %s, all-REMEDY, REMEDY+REMEDY)\n",
+                a.variant.c_str(), fmt::format("{}", fmt::join(kVariants, " ")).c_str());
             return 2;
         }
         if (a.grid <= 0) a.grid = a.grids.back();

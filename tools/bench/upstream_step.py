@@ -12,6 +12,8 @@ block structure), full fine-tune with torch.optim.AdamW, flow-matching loss, gra
              each of those three alone (memory_ablation's variants of the same names)
 
 One warm-up step, then --steps steps; prints step_seconds=<median> and peak_rss_bytes=<n>.
+--trace FILE writes torch.profiler's record of every operator of the run (warm-up included), as
+memory_ablation --trace does, for tools/bench/trace_ops.py.
 
   tools/python.sh tools/bench/upstream_step.py --variant baseline --grid 32 [--threads 2]
 """
@@ -58,6 +60,7 @@ def main():
     parser.add_argument("--caption_len", type=int, default=300)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--trace", help="write torch.profiler's trace of the run (Chrome format)")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -96,12 +99,19 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
+    profiler = None
+    if args.trace:
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler.start()
     step()  # warm-up: AdamW's state, first touch of every page
     times = []
     for _ in range(args.steps):
         begin = time.perf_counter()
         step()
         times.append(time.perf_counter() - begin)
+    if profiler is not None:
+        profiler.stop()
+        profiler.export_chrome_trace(args.trace)
     print(f"peak_rss_bytes={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}")
     print(f"step_seconds={statistics.median(times):.4f}")
 
