@@ -268,9 +268,12 @@ int64_t add_lora(nn::Module& root, const LoRAConfig& config) {
 
 bool has_lora(const nn::Linear& layer) { return AdapterTable::get().find(layer.get()).has_value(); }
 
+at::Tensor linear(const nn::Linear& layer, const at::Tensor& x) {
+    return at::linear(x, layer->weight, layer->bias);
+}
+
 at::Tensor apply_linear(const nn::Linear& layer, const at::Tensor& x) {
-    // ptr(): the holder's operator() is non-const; this is the same call as layer(x).
-    at::Tensor out = layer.ptr()->forward(x);
+    at::Tensor out = linear(layer, x);
     const auto adapter = AdapterTable::get().find(layer.get());
     if (!adapter) return out;
     const auto a = adapter->a.lock();

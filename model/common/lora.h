@@ -58,10 +58,16 @@ struct LoRAConfig {
 // a Linear (named, with the Linear names that are available); a model that already has adapters.
 int64_t add_lora(torch::nn::Module& root, const LoRAConfig& config);
 
-// layer(x), plus the adapter's update when add_lora adapted `layer`. Without an adapter the
-// result is layer(x) itself, bit for bit. As in peft, the adapter's input is cast to the
-// adapter's dtype and the sum to the dtype of layer(x), so fp32 adapters on a bf16 base work
-// under autocast.
+// x through `layer` as Python's F.linear computes it (at::linear). LibTorch's C++
+// Linear::forward, layer(x), differs for inputs of more than 2 dimensions: it multiplies and then
+// adds the bias itself, outside autocast's casts, so under autocast a bf16 product gets an fp32
+// bias in a slow mixed-dtype add, rounded otherwise than upstream's.
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x);
+
+// linear(layer, x), plus the adapter's update when add_lora adapted `layer`. Without an adapter
+// the result is linear(layer, x) itself, bit for bit. As in peft, the adapter's input is cast to
+// the adapter's dtype and the sum to the dtype of linear(layer, x), so fp32 adapters on a bf16
+// base work under autocast.
 at::Tensor apply_linear(const torch::nn::Linear& layer, const at::Tensor& x);
 
 // True when add_lora adapted `layer`.

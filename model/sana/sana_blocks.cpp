@@ -104,7 +104,7 @@ SanaCaptionProjectionImpl::SanaCaptionProjectionImpl(int64_t in_features, int64_
 }
 
 at::Tensor SanaCaptionProjectionImpl::forward(const at::Tensor& x) {
-    return linear_2(at::gelu(linear_1(x), "tanh"));
+    return linear(linear_2, at::gelu(linear(linear_1, x), "tanh"));  // x: [B, L, C]
 }
 
 SanaRMSNormImpl::SanaRMSNormImpl(int64_t dim, double eps_) : eps(eps_) {

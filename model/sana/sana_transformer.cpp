@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "model/common/checkpoint.h"
+#include "model/common/lora.h"
 
 namespace sf::model {
 namespace {
@@ -117,7 +118,7 @@ at::Tensor SanaTransformerImpl::unembed(const at::Tensor& tokens, const SanaBloc
     const auto mod = (table + t).chunk(2, 1);                 // shift, scale: [B, 1, D] each
     at::Tensor x = at::layer_norm(tokens, {tokens.size(-1)}, {}, {}, 1e-6);
     x = x * (1 + mod[1]) + mod[0];
-    x = proj_out(x);                                             // [B, h * w, p * p * C]
+    x = linear(proj_out, x);                                     // [B, h * w, p * p * C]
     x = x.reshape({batch, in.height, in.width, p, p, -1});       // -> [B, h, w, p, p, C]
     x = x.permute({0, 5, 1, 3, 2, 4});                           // -> [B, C, h, p, w, p]
     return x.reshape({batch, -1, in.height * p, in.width * p});  // -> [B, C, H, W]

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/shape.h"
 #include "model/common/checkpoint.h"
+#include "model/common/lora.h"
 
 namespace sf::model {
 namespace {
@@ -169,7 +170,7 @@ at::Tensor SanaVideoTransformerImpl::unembed(const at::Tensor& tokens,
     const at::Tensor table = scale_shift_table.unsqueeze(0).unsqueeze(0);    // [1, 1, 2, D]
     const auto mod = (table + in.embedded_timestep.unsqueeze(2)).unbind(2);  // [B, G, D] each
     at::Tensor x = at::layer_norm(tokens, {tokens.size(-1)}, {}, {}, 1e-6);
-    x = proj_out(modulate_groups(x, mod[0], mod[1]));  // [B, N, p_t p_h p_w C]
+    x = linear(proj_out, modulate_groups(x, mod[0], mod[1]));  // [B, N, p_t p_h p_w C]
     x = x.reshape({batch, g.frames, g.height, g.width, p[0], p[1], p[2], -1});
     x = x.permute({0, 7, 1, 4, 2, 5, 3, 6});  // -> [B, C, f, p_t, h, p_h, w, p_w]
     return x.reshape({batch, -1, g.frames * p[0], g.height * p[1], g.width * p[2]});
