@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -366,6 +367,40 @@ TEST(GradientBuckets, StartInOrderAsTheyCompleteAndLeaveEachSum) {
     EXPECT_TRUE(torch::equal(params[3].grad(), torch::full({4}, 2.0 * (4 + 10))));
     EXPECT_TRUE(torch::equal(params[1].grad(), torch::full({4}, 4.0)));
     EXPECT_TRUE(torch::equal(params[0].grad(), torch::full({4}, 2.0)));
+}
+
+// Accumulators of parameters on two devices call ready() from two threads at once: 20000
+// gradients in buckets of two, each bucket's pair completed by the two threads together, start
+// every bucket once, in order (unguarded, the threads lose counts and start twice or never).
+TEST(GradientBuckets, ReadyFromTwoThreadsStartsEveryBucketOnceInOrder) {
+    constexpr int kParams = 20000;
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < kParams; ++i) {
+        params.push_back(torch::zeros({1}).requires_grad_());
+        params.back().mutable_grad() = torch::full({1}, static_cast<double>(i));
+    }
+    std::vector<int> started;  // the first gradient of each started bucket, in start order
+    sf::distributed::GradientBuckets buckets(params, {}, 8, [&](const at::Tensor& flat, int) {
+        started.push_back(static_cast<int>(flat[0].item<float>()));
+        return sf::distributed::PendingCollective();
+    });
+    ASSERT_EQ(buckets.bucket_count(), static_cast<size_t>(kParams / 2));
+    buckets.begin();
+    std::atomic<int> waiting{2};
+    auto complete = [&](int first) {
+        for (--waiting; waiting.load() > 0;) {
+        }
+        for (int i = kParams - 1 - first; i >= 0; i -= 2) buckets.ready(static_cast<size_t>(i));
+    };
+    std::thread other(complete, 1);
+    complete(0);
+    other.join();
+    EXPECT_EQ(buckets.started_in_backward(), kParams / 2);
+    ASSERT_EQ(started.size(), static_cast<size_t>(kParams / 2));
+    for (int k = 0; k < kParams / 2; ++k) {
+        ASSERT_EQ(started[static_cast<size_t>(k)], kParams - 1 - 2 * k) << "bucket " << k;
+    }
+    buckets.finish([](int) { return true; });
 }
 
 }  // namespace

@@ -63,6 +63,7 @@ void GradientBuckets::reset() {
 
 void GradientBuckets::ready(size_t index) {
     SF_CHECK(index < params_.size(), "a gradient outside the buckets");
+    const std::lock_guard<std::mutex> lock(ready_mutex_);
     if (++completions_[index] > 1) return;  // a second completion: finish() reduces it apart
     ++buckets_[bucket_of_[index]].complete;
     const size_t before = next_;

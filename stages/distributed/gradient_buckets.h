@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "stages/distributed/world.h"
@@ -35,7 +36,10 @@ public:
 
     // A new backward pass: what an interrupted one started is waited for and dropped.
     void begin();
-    // From inside the backward pass: parameter `index`'s gradient is complete.
+    // From inside the backward pass: parameter `index`'s gradient is complete. Safe to call
+    // from several threads at once: the autograd engine runs each device's nodes on a thread of
+    // that device's, so accumulators of parameters on two devices (the CPU and a GPU) call it
+    // concurrently.
     void ready(size_t index);
     // Everything started and waited for; each parameter's gradient is the sum (on every rank,
     // or on the owner for a reduce), or undefined where `keep(tag)` says so.
@@ -64,6 +68,7 @@ private:
     std::vector<size_t> bucket_of_;  // per parameter
     std::vector<int> completions_;   // per parameter, this backward
     size_t next_ = 0;                // the first bucket not started
+    std::mutex ready_mutex_;         // ready()'s: the counts above and the buckets' starts
     int64_t started_in_backward_ = 0;
 };
 
