@@ -471,15 +471,18 @@ at::Tensor SanaTransformerBlockImpl::forward(const at::Tensor& tokens, const at:
     const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
     const at::Tensor &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
 
-    // The attentions' outputs are brought to the tokens' dtype before they meet them (fp32 under
-    // autocast): the same numbers as the promoting mixed-dtype ops give, but ATen's element-wise
+    // The attentions' outputs (bf16 under autocast) are promoted to the tokens' dtype (fp32)
+    // before they meet them: the numbers the mixed-dtype ops would give, but ATen's element-wise
     // kernels run several times slower on mixed dtypes.
+    const auto promoted = [](const at::Tensor& t, at::ScalarType other) {
+        return t.to(c10::promoteTypes(t.scalar_type(), other));
+    };
     const auto dtype = tokens.scalar_type();
     at::Tensor x = norm1(tokens) * (1 + scale_msa) + shift_msa;
-    at::Tensor h = tokens + gate_msa * attn1(x.to(dtype)).to(dtype);
+    at::Tensor h = tokens + gate_msa * promoted(attn1(x.to(dtype)), dtype);
 
     // Upstream's cross-attention takes the tokens as they are: no norm, no modulation, no gate.
-    h = attn2(h, context, bias).to(h.scalar_type()) + h;
+    h = promoted(attn2(h, context, bias), h.scalar_type()) + h;
 
     x = norm2(h) * (1 + scale_mlp) + shift_mlp;
     x = x.view({batch, height, width, -1}).permute({0, 3, 1, 2});  // [B, h * w, D] -> [B, D, h, w]
