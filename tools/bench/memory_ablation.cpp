@@ -157,7 +157,6 @@ bool known_variant(const std::string& v) {
 sf::train::TrainStepOptions options_for(const Args& a, const std::string& v, int64_t batch) {
     sf::train::TrainStepOptions o;
     o.mark_steps = 0;
-    // Whether the variant has this remedy: alone, or as one of all's.
     const auto on = [&](const std::string& remedy) { return has_remedy(v, remedy); };
     if (on("mixed_precision")) o.mixed_precision = "bf16";
     if (on("gradient_checkpointing")) o.gradient_checkpointing = 1;
@@ -503,6 +502,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr,
                      "memory_ablation: --batch, --caption_len, --grids and --ff_rows must be "
                      "positive, --steps at least 0\n");
+        return 2;
+    }
+    if (!a.trace.empty() && a.variant.empty()) {
+        std::fprintf(stderr, "memory_ablation: --trace records one variant: give --variant\n");
         return 2;
     }
     if (!a.variant.empty()) {
