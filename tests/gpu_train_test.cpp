@@ -42,7 +42,10 @@ sf::train::MicroBatch batch(int64_t grid) {
 }
 
 // Peak CUDA bytes of one step with `o`, after a first step has made the optimizer state.
-int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid) {
+// The peak of two steps on cuda:0; `weights`, when given, receives the trained weights (on the
+// host, in order).
+int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid,
+                       std::vector<at::Tensor>* weights = nullptr) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
@@ -61,6 +64,10 @@ int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid) {
     step.step(load, gen);
     int64_t peak = 0;
     for (const auto& [phase, p] : step.phase_peaks()) peak = std::max(peak, p.tensor_bytes);
+    if (weights) {
+        for (const auto& [name, w] : sf::model::trainable_parameters(*model))
+            weights->push_back(w.detach().to(torch::kCPU));
+    }
     return peak;
 }
 
@@ -128,7 +135,10 @@ TEST(GpuTrain, RemediesLowerTheCudaPeak) {
 }
 
 // --blocks_to_swap 3 of 4 blocks: their weights, gradients and AdamW moments live in host memory,
-// so the device peak falls by about four times the swapped blocks' weights (checkpointed alike).
+// two blocks lent at a time (the running one, the next copied ahead on a side stream), so the
+// device peak falls by about eight times a block's weights (one block's weights and gradients,
+// three blocks' moments; checkpointed alike). The trained weights equal the resident run's: a
+// block used before its copy ahead landed would not.
 TEST(GpuTrain, BlockSwapLowersTheCudaPeakByTheSwappedBlocks) {
     SKIP_WITHOUT_CUDA();
     torch::manual_seed(1);
@@ -140,9 +150,17 @@ TEST(GpuTrain, BlockSwapLowersTheCudaPeakByTheSwappedBlocks) {
     ckpt.gradient_checkpointing = 1;
     sf::train::TrainStepOptions swap = ckpt;
     swap.blocks_to_swap = 3;
-    const int64_t resident = cuda_step_peak(ckpt, 32), swapped = cuda_step_peak(swap, 32);
-    EXPECT_LT(swapped, resident - 2 * 3 * block_bytes)
+    std::vector<at::Tensor> resident_weights, swapped_weights;
+    const int64_t resident = cuda_step_peak(ckpt, 32, &resident_weights);
+    const int64_t swapped = cuda_step_peak(swap, 32, &swapped_weights);
+    EXPECT_LT(swapped, resident - 6 * block_bytes)
         << "resident " << resident << " swapped " << swapped << " block " << block_bytes;
+    ASSERT_EQ(resident_weights.size(), swapped_weights.size());
+    for (size_t i = 0; i < resident_weights.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(resident_weights[i], swapped_weights[i], 1e-4, 1e-6))
+            << "weight " << i << " differs by "
+            << (resident_weights[i] - swapped_weights[i]).abs().max().item<float>();
+    }
 }
 
 TEST(GpuOffload, TextEncoderLayersOneAtATimeKeepTheDevicePeakBelowTheWeights) {

@@ -240,8 +240,9 @@ TEST(PlanPrediction, BlockSwapAndOffloadTakeWhatTheyKeepInHostMemoryOffTheDevice
             EXPECT_EQ(f.host, 0);
         }
     }
-    // Two of the three swapped blocks' weights and gradients, and their state, leave the device.
-    const int64_t away = 2 * census.block_total * 4 * 2 + 3 * census.block_adamw_state_bytes;
+    // One of the three swapped blocks' weights and gradients (two are lent at a time: the one
+    // running and the one copied ahead), and the state of all three, leave the device.
+    const int64_t away = 1 * census.block_total * 4 * 2 + 3 * census.block_adamw_state_bytes;
     EXPECT_GT(measured["ckpt"] - measured["swap"], away * 8 / 10);
     EXPECT_GT(measured["swap"] - measured["both"],
               (census.adamw_state_bytes - 3 * census.block_adamw_state_bytes) * 8 / 10);

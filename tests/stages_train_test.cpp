@@ -417,13 +417,14 @@ TEST(TrainState, ACheckpointWriteThatFailsLeavesThePreviousOneChosen) {
 
 // --blocks_to_swap: the swapped blocks' weights stay in host memory and are lent to the device for
 // each run (a real copy on the CPU too). Three steps of two micro-batches end with the very losses
-// and weights of a run without swapping that checkpoints the same block (a swapped block always
-// is); the block is lent twice per micro-batch (its forward and its backward's recompute); its
-// weights stay the host tensors the optimizer updates.
+// and weights of a run without swapping that checkpoints the same blocks (a swapped block always
+// is); each block is lent twice per micro-batch (its forward and its backward's recompute), and
+// all but the first lend of each pass are copied ahead (the block after it in the forward, the
+// one before it in the recomputes); the weights stay the host tensors the optimizer updates.
 TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
     const sf::train::MicroBatch batch = sample_batch(2);
-    const int64_t blocks = small_config().num_layers, swapped = 1;
-    ASSERT_GE(blocks, 2);
+    const int64_t blocks = small_config().num_layers, swapped = 2;
+    ASSERT_GE(blocks, swapped);
     auto make = [&](int64_t swap, SanaTransformer model) {
         sf::train::AdamWOptions a;
         a.lr = 1e-2;
@@ -431,7 +432,7 @@ TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
         o.accumulation = 2;
         o.max_grad_norm = 1.0;
         o.blocks_to_swap = swap;
-        o.gradient_checkpointing = swap > 0 ? 0 : blocks;  // block 0 only
+        o.gradient_checkpointing = swap > 0 ? 0 : 1;
         return std::make_unique<sf::train::TrainStep>(
             model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-2, 0, 1000), o,
             c10::Device(c10::kCPU));
@@ -449,8 +450,10 @@ TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
     ASSERT_EQ(p.size(), q.size());
     for (size_t i = 0; i < p.size(); ++i)
         EXPECT_TRUE(torch::equal(p[i].second, q[i].second)) << p[i].first;
-    EXPECT_EQ(swap->model().swapped_block_copies(), 3 * 2 * 2 * swapped);
-    EXPECT_EQ(plain->model().swapped_block_copies(), 0);
+    const int64_t passes = 3 * 2;
+    EXPECT_EQ(swap->model().block_swap().copies(), passes * 2 * swapped);
+    EXPECT_EQ(swap->model().block_swap().copies_ahead(), passes * 2 * (swapped - 1));
+    EXPECT_EQ(plain->model().block_swap().copies(), 0);
     EXPECT_EQ(host.data_ptr(), host_data) << "the update ran on the host weights";
     EXPECT_FALSE(torch::equal(host, named(*seeded_model()).front().second)) << "and moved them";
 

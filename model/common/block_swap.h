@@ -3,17 +3,23 @@
 // device for each run of the block: its forward, and the recompute of its backward. A swapped
 // block is always run under gradient checkpointing (model/common/checkpoint.h), so nothing
 // between the two runs refers to its weights on the device; its gradients are computed there and
-// copied back beside the host weights, where the optimizer updates them. The device then holds
-// the weights of one swapped block at a time instead of N.
+// copied back beside the host weights, where the optimizer updates them.
 //
-// On the CPU the "device" copy is a real copy too, so the path is the one CUDA takes (and its
-// results must be bit-identical to a run without swapping), and the host side lives outside the
-// counting allocator (core/host_memory.h): the counted peak falls as a card's would.
+// While one block runs, the next one is copied ahead: block i + 1 in the forward, block i - 1 in
+// the backward's recomputes (the order the checkpoints run them). On CUDA that copy runs on a
+// side stream, overlapped with the block's compute, and the compute stream waits for it only when
+// the block starts. The device then holds the weights of at most two swapped blocks at a time
+// instead of N. A copy made ahead for a block that does not run next is dropped (begin_pass()
+// drops it at the start of every forward, so a copy never outlives the weights it was made of).
+//
+// On the CPU the "device" copy is a real copy too, made ahead in the same order (without a side
+// stream there is nothing to overlap), so the path is the one CUDA takes (and its results must be
+// bit-identical to a run without swapping), and the host side lives outside the counting
+// allocator (core/host_memory.h): the counted peak falls as a card's would.
 #pragma once
 
 #include <c10/core/Device.h>
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -28,23 +34,28 @@ namespace sf::model {
 
 class BlockSwap {
 public:
+    BlockSwap();
     // Swaps blocks [0, n) of `blocks` (moved to host memory now) to `device`; n = 0 swaps none
     // and puts the earlier swapped blocks back on `device`. n > blocks.size() is
     // kInvalidArgument.
     void set(const std::vector<std::shared_ptr<torch::nn::Module>>& blocks, int64_t n,
              c10::Device device);
-    int64_t count() const { return static_cast<int64_t>(swapped_.size()); }
-    bool swapped(size_t block) const { return block < swapped_.size(); }
+    int64_t count() const;
+    bool swapped(size_t block) const { return block < count_; }
+    // A forward pass of the model begins: a block copied ahead and not yet run is dropped.
+    void begin_pass();
     // What checkpoint() holds around each run of swapped block `block`: its weights, and the
     // gradients they have so far, on the device; released, the gradients go back to the host.
+    // Entering it also starts the copy of the block expected to run next.
     CheckpointScope scope(size_t block);
-    // Blocks lent to the device so far (each lend copies the block's weights once).
-    int64_t copies() const { return copies_->load(); }
+    // Copies of a block's weights to the device so far, and how many of them were made ahead.
+    int64_t copies() const;
+    int64_t copies_ahead() const;
 
 private:
-    std::vector<std::shared_ptr<torch::nn::Module>> swapped_;
-    c10::Device device_ = c10::Device(c10::kCPU);
-    std::shared_ptr<std::atomic<int64_t>> copies_ = std::make_shared<std::atomic<int64_t>>(0);
+    struct State;
+    std::shared_ptr<State> state_;
+    size_t count_ = 0;
 };
 
 }  // namespace sf::model

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/common/block_swap.h"
 #include "model/common/chunked_attention.h"
 
 namespace torch::nn {
@@ -49,8 +50,8 @@ public:
     // lent to `device` for each run of the block, which is then always checkpointed; 0 none.
     // n past the blocks is sf::Error kInvalidArgument.
     virtual void set_blocks_to_swap(int64_t n, c10::Device device) = 0;
-    // Swapped blocks lent to the device so far (one copy of the block's weights each).
-    virtual int64_t swapped_block_copies() const = 0;
+    // The swapped blocks, with the count of their copies to the device so far.
+    virtual const BlockSwap& block_swap() const = 0;
 
     // 4 for [B, C, h, w] latents, 5 for [B, C, f, h, w].
     virtual int64_t latent_rank() const = 0;

@@ -130,6 +130,7 @@ at::Tensor SanaTransformerImpl::forward(const at::Tensor& hidden_states,
                                         const at::Tensor& encoder_attention_mask) {
     const SanaBlockInputs in =
         embed(hidden_states, encoder_hidden_states, timestep, encoder_attention_mask);
+    swap_.begin_pass();
     at::Tensor tokens = in.tokens;
     const bool recompute = checkpoint_every_ > 0 && at::GradMode::is_enabled();
     for (size_t i = 0; i < blocks_.size(); ++i) {

@@ -70,7 +70,7 @@ public:
     // Video transformers only: any value but 0 is sf::Error kInvalidArgument.
     void set_feed_forward_chunk(int64_t rows) override;
     void set_blocks_to_swap(int64_t n, c10::Device device) override;
-    int64_t swapped_block_copies() const override { return swap_.copies(); }
+    const BlockSwap& block_swap() const override { return swap_; }
 
     const SanaTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }

@@ -191,6 +191,7 @@ at::Tensor SanaVideoTransformerImpl::forward_guided(const at::Tensor& hidden_sta
                                                     const at::Tensor& guidance) {
     const SanaVideoBlockInputs in =
         embed(hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, guidance);
+    swap_.begin_pass();
     at::Tensor tokens = in.tokens;
     const bool recompute = checkpoint_every_ > 0 && at::GradMode::is_enabled();
     for (size_t i = 0; i < blocks_.size(); ++i) {

@@ -79,7 +79,7 @@ public:
     // SanaVideoFeedForwardImpl::chunk_frames of every block; negative is kInvalidArgument.
     void set_feed_forward_chunk(int64_t frames) override;
     void set_blocks_to_swap(int64_t n, c10::Device device) override;
-    int64_t swapped_block_copies() const override { return swap_.copies(); }
+    const BlockSwap& block_swap() const override { return swap_; }
 
     const SanaVideoTransformerConfig& config() const { return config_; }
     size_t num_blocks() const { return blocks_.size(); }
