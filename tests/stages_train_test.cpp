@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <stdexcept>
+#include <thread>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -15,6 +17,7 @@
 #include "model/sana/sana_transformer.h"
 #include "stages/train/auto_fit.h"
 #include "stages/train/flow_matching.h"
+#include "stages/train/host_worker.h"
 #include "stages/train/optim.h"
 #include "stages/train/quantized_state.h"
 #include "stages/train/train_data.h"
@@ -481,39 +484,84 @@ TEST(BlockSwap, TrainsBitIdenticallyLendingEachSwappedBlockTwicePerMicroBatch) {
 }
 
 // --offload_optimizer: the moments live in host memory and the update runs on host copies of the
-// weights and gradients (real copies on the CPU too): five steps, in fp32 and in 8 bits, end
-// with the very weights and state of the resident optimizer, with three copies per update.
+// weights and gradients (real copies on the CPU too): five steps, in fp32 and in 8 bits, with the
+// optimizer step and with the fused backward pass (whose host updates run on a worker thread
+// beside the backward), end with the very weights and state of the resident optimizer, with
+// three copies per update.
 TEST(OffloadOptimizer, UpdatesOnTheHostBitIdenticallyWithThreeCopiesPerUpdate) {
     const sf::train::MicroBatch batch = sample_batch(2);
-    for (bool eight_bit : {false, true}) {
-        auto make = [&](bool offload, SanaTransformer model) {
-            sf::train::AdamWOptions a;
-            a.lr = 1e-2;
-            a.eight_bit = eight_bit;
-            a.offload = offload;
-            return std::make_unique<sf::train::TrainStep>(
-                model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-2, 0, 1000),
-                sf::train::TrainStepOptions{}, c10::Device(c10::kCPU));
-        };
-        auto resident = make(false, seeded_model()), offloaded = make(true, seeded_model());
-        at::Generator g1 = at::detail::createCPUGenerator(2);
-        at::Generator g2 = at::detail::createCPUGenerator(2);
-        for (int i = 0; i < 5; ++i) {
-            resident->step([&](int64_t) { return batch; }, g1);
-            offloaded->step([&](int64_t) { return batch; }, g2);
+    for (bool fused : {false, true}) {
+        for (bool eight_bit : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "fused " << fused << ", eight_bit " << eight_bit);
+            auto make = [&](bool offload, SanaTransformer model) {
+                sf::train::AdamWOptions a;
+                a.lr = 1e-2;
+                a.eight_bit = eight_bit;
+                a.offload = offload;
+                sf::train::TrainStepOptions o;
+                o.fused_backward = fused;
+                return std::make_unique<sf::train::TrainStep>(
+                    model.ptr(), named(*model), a,
+                    sf::train::LRSchedule("constant", 1e-2, 0, 1000), o, c10::Device(c10::kCPU));
+            };
+            auto resident = make(false, seeded_model()), offloaded = make(true, seeded_model());
+            at::Generator g1 = at::detail::createCPUGenerator(2);
+            at::Generator g2 = at::detail::createCPUGenerator(2);
+            for (int i = 0; i < 5; ++i) {
+                resident->step([&](int64_t) { return batch; }, g1);
+                offloaded->step([&](int64_t) { return batch; }, g2);
+            }
+            const auto p = named(resident->model().module());
+            const auto q = named(offloaded->model().module());
+            for (size_t i = 0; i < p.size(); ++i)
+                EXPECT_TRUE(torch::equal(p[i].second, q[i].second)) << p[i].first;
+            const auto a = resident->optimizer().state(), b = offloaded->optimizer().state();
+            ASSERT_EQ(a.size(), b.size());
+            for (const auto& [name, t] : a) {
+                EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+                EXPECT_TRUE(b.at(name).device().is_cpu()) << name;
+            }
+            const auto updates = 5 * static_cast<int64_t>(p.size());
+            EXPECT_EQ(offloaded->optimizer().offload_copies(), 3 * updates);
+            EXPECT_EQ(resident->optimizer().offload_copies(), 0);
+            EXPECT_EQ(offloaded->optimizer().overlapped_updates(), fused ? updates : 0);
+            EXPECT_EQ(resident->optimizer().overlapped_updates(), 0);
         }
-        const auto p = named(resident->model().module()), q = named(offloaded->model().module());
-        for (size_t i = 0; i < p.size(); ++i)
-            EXPECT_TRUE(torch::equal(p[i].second, q[i].second)) << p[i].first;
-        const auto a = resident->optimizer().state(), b = offloaded->optimizer().state();
-        ASSERT_EQ(a.size(), b.size());
-        for (const auto& [name, t] : a) {
-            EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
-            EXPECT_TRUE(b.at(name).device().is_cpu()) << name;
-        }
-        EXPECT_EQ(offloaded->optimizer().offload_copies(), 5 * 3 * static_cast<int64_t>(p.size()));
-        EXPECT_EQ(resident->optimizer().offload_copies(), 0);
     }
+}
+
+// The offloaded optimizer's worker: jobs run in order on another thread; wait() returns when they
+// are done and rethrows the first failure, the jobs after it dropped; then it works again.
+TEST(HostWorker, RunsJobsInOrderElsewhereAndRethrowsTheFirstFailure) {
+    sf::train::HostWorker worker;
+    std::vector<int> ran;
+    std::set<std::thread::id> threads;
+    for (int i = 0; i < 100; ++i) {
+        worker.submit([&, i] {
+            ran.push_back(i);
+            threads.insert(std::this_thread::get_id());
+        });
+    }
+    worker.wait();
+    ASSERT_EQ(ran.size(), 100u);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(ran[i], i);
+    EXPECT_EQ(threads.size(), 1u);
+    EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
+
+    ran.clear();
+    worker.submit([&] { ran.push_back(1); });
+    worker.submit([] { throw std::runtime_error("update failed"); });
+    worker.submit([&] { ran.push_back(3); });
+    try {
+        worker.wait();
+        ADD_FAILURE() << "the failure was not rethrown";
+    } catch (const std::runtime_error& e) {
+        EXPECT_STREQ(e.what(), "update failed");
+    }
+    EXPECT_EQ(ran, std::vector<int>{1});
+    worker.submit([&] { ran.push_back(4); });
+    worker.wait();
+    EXPECT_EQ(ran, (std::vector<int>{1, 4}));
 }
 
 TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {

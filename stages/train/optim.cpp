@@ -35,17 +35,51 @@ void AdamW::step(double lr) {
     }
 }
 
-// torch::optim::AdamW::step (LibTorch 1.13) for one parameter, in the same order of operations.
 void AdamW::step_one(size_t index, double lr) {
     at::NoGradGuard no_grad;
     at::Tensor& param = params_[index].second;
     if (!param.grad().defined() || !owns(index)) return;
-    // Offloaded, the arithmetic below runs on host copies (core/host_memory.h); the weights go
-    // back after it. A block swap's weights are in host memory already, and so are their moments.
-    at::Tensor p = options_.offload ? mem::to_host(param.detach(), false) : param;
-    const at::Tensor grad = options_.offload ? mem::to_host(param.grad(), false) : param.grad();
-    const bool host = options_.offload || mem::in_host_memory(param);
-    if (options_.offload) offload_copies_ += 2;
+    if (!options_.offload) {
+        update(index, lr, param, param.grad());
+        return;
+    }
+    // Offloaded, the arithmetic runs on host copies (core/host_memory.h); the weights go back
+    // after it.
+    at::Tensor p = mem::to_host(param.detach(), false);
+    update(index, lr, p, mem::to_host(param.grad(), false));
+    param.detach().copy_(p);
+    offload_copies_ += 3;
+}
+
+void AdamW::step_one_overlapped(size_t index, double lr) {
+    if (!options_.offload) return step_one(index, lr);
+    at::NoGradGuard no_grad;
+    const at::Tensor& param = params_[index].second;
+    if (!param.grad().defined() || !owns(index)) return;
+    // The copies to the host now, while the gradient exists; the update and the copy back on the
+    // worker. Nothing reads this parameter until wait(): its gradient is complete, so the rest of
+    // the backward pass does not use it.
+    at::Tensor p = mem::to_host(param.detach(), false);
+    at::Tensor grad = mem::to_host(param.grad(), false);
+    offload_copies_ += 3;
+    ++overlapped_;
+    if (!worker_) worker_ = std::make_unique<HostWorker>();
+    worker_->submit([this, index, lr, p, grad, param] {
+        at::NoGradGuard no_grad;
+        update(index, lr, p, grad);
+        param.detach().copy_(p);
+    });
+}
+
+void AdamW::wait() {
+    if (worker_) worker_->wait();
+}
+
+// torch::optim::AdamW::step (LibTorch 1.13) for one parameter, in the same order of operations:
+// `p` is the parameter's data or its host copy, `grad` its gradient or the gradient's. A block
+// swap's weights are in host memory already, and so are their moments.
+void AdamW::update(size_t index, double lr, at::Tensor p, const at::Tensor& grad) {
+    const bool host = options_.offload || mem::in_host_memory(p);
     Moments& m = moments_[index];
     if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
     const bool eight_bit = options_.eight_bit && p.numel() >= kMin8BitSize;
@@ -78,10 +112,6 @@ void AdamW::step_one(size_t index, double lr) {
             }
         }
         m.exp_avg = m.exp_avg_sq = at::Tensor();
-    }
-    if (options_.offload) {
-        param.detach().copy_(p);
-        ++offload_copies_;
     }
 }
 

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "stages/train/host_worker.h"
 #include "stages/train/quantized_state.h"
 
 namespace sf::train {
@@ -30,7 +32,8 @@ struct AdamWOptions {
     bool eight_bit = false;
     // --offload_optimizer: the moments in host memory and the update run there: each parameter's
     // gradient and weights copied to the host, updated beside the moments, the weights copied
-    // back (real copies on the CPU too, so that path is the one CUDA takes).
+    // back (real copies on the CPU too, so that path is the one CUDA takes). Under the fused
+    // backward pass the update runs beside the backward (step_one_overlapped).
     bool offload = false;
 };
 
@@ -43,6 +46,15 @@ public:
     void step(double lr);
     // Updates parameter `index` alone from its current gradient (the fused backward pass).
     void step_one(size_t index, double lr);
+    // step_one, but with --offload_optimizer the host update and the copy back run on a worker
+    // thread (the gradient and weights are copied to the host now, so the gradient may be dropped
+    // at once): the fused backward pass computes the blocks before this one meanwhile. The
+    // parameter must not be read until wait(). Without offload, step_one.
+    void step_one_overlapped(size_t index, double lr);
+    // Returns once every overlapped update is done; rethrows the first one's error.
+    void wait();
+    // Updates handed to the worker by step_one_overlapped so far.
+    int64_t overlapped_updates() const { return overlapped_; }
     void zero_grad();  // drops the gradients (sets them undefined: no memory kept)
     void drop_grad(size_t index);
     // ZeRO-1: only the parameters marked true are updated here and keep state (step_one and
@@ -65,6 +77,8 @@ public:
     void load_state(const std::map<std::string, at::Tensor>& state);
 
 private:
+    void update(size_t index, double lr, at::Tensor p, const at::Tensor& grad);
+
     struct Moments {
         at::Tensor exp_avg, exp_avg_sq;  // fp32
         BlockQuantized avg8, avg_sq8;    // eight_bit
@@ -75,6 +89,8 @@ private:
     std::vector<bool> owned_;  // empty: all
     AdamWOptions options_;
     int64_t offload_copies_ = 0;
+    int64_t overlapped_ = 0;
+    std::unique_ptr<HostWorker> worker_;  // the overlapped updates', made by the first
 };
 
 // diffusers' get_scheduler: "constant", "constant_with_warmup", "linear", "cosine" (half a cosine

@@ -157,7 +157,21 @@ public:
         applied_ = 0;
         hooks_.arm();
     }
-    void disarm() { hooks_.disarm(); }
+    // After the backward: no more updates start, and the overlapped ones (--offload_optimizer)
+    // are done; rethrows what one of them threw.
+    void finish() {
+        hooks_.disarm();
+        adamw_.wait();
+    }
+    // After a failed backward: as finish(), but an update's own error gives way to the step's.
+    void disarm() {
+        hooks_.disarm();
+        try {
+            adamw_.wait();
+        } catch (const std::exception& e) {
+            log_warn("an optimizer update of the failed step failed too: {}", e.what());
+        }
+    }
     // Parameters updated since the last arm(): a step that failed after any cannot be retried.
     int64_t applied() const { return applied_; }
 
@@ -169,7 +183,7 @@ private:
     }
     void apply(size_t index) {
         sync_.reduce_one(index, adamw_.param(index));
-        adamw_.step_one(index, lr_);
+        adamw_.step_one_overlapped(index, lr_);
         adamw_.drop_grad(index);
         ++applied_;
     }
@@ -398,7 +412,7 @@ void TrainStep::forward_backward(MicroBatch& mb, const NoisedBatch& noised, bool
             sync_ready_->arm();
         }
         scaler_.scale_loss(loss / static_cast<double>(options_.accumulation)).backward();
-        if (fused_) fused_->disarm();
+        if (fused_) fused_->finish();
         if (sync_ready_) sync_ready_->disarm();
         end_phase(phase);
         first += count;
