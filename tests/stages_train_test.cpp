@@ -501,8 +501,8 @@ TEST(OffloadOptimizer, UpdatesOnTheHostBitIdenticallyWithThreeCopiesPerUpdate) {
                 sf::train::TrainStepOptions o;
                 o.fused_backward = fused;
                 return std::make_unique<sf::train::TrainStep>(
-                    model.ptr(), named(*model), a,
-                    sf::train::LRSchedule("constant", 1e-2, 0, 1000), o, c10::Device(c10::kCPU));
+                    model.ptr(), named(*model), a, sf::train::LRSchedule("constant", 1e-2, 0, 1000),
+                    o, c10::Device(c10::kCPU));
             };
             auto resident = make(false, seeded_model()), offloaded = make(true, seeded_model());
             at::Generator g1 = at::detail::createCPUGenerator(2);

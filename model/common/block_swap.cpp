@@ -108,7 +108,8 @@ struct BlockSwap::State {
     // Drops the copy made ahead; on CUDA first waits for it, so that the host weights it reads
     // may change (an optimizer step) once this returns.
     void drop_ahead() {
-        if (ahead && ahead->done) c10::impl::VirtualGuardImpl(device.type()).synchronizeStream(*side);
+        if (ahead && ahead->done)
+            c10::impl::VirtualGuardImpl(device.type()).synchronizeStream(*side);
         ahead.reset();
     }
 
