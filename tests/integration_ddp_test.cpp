@@ -511,4 +511,29 @@ TEST(TrainDataParallel, TorchrunLaunchesTheProgramAsItIs) {
     EXPECT_LT(weight_difference(weights_of(many, false), weights_of(one, false)), 1e-4);
 }
 
+// --nproc_per_node: the program starts its own ranks with torchrun's variables and trains what
+// one rank of the whole batch trains; a rank that fails stops the run with its status, named.
+TEST(TrainDataParallel, NprocPerNodeStartsTheRanksItself) {
+    TempDir tmp("sf_ddp_nproc");
+    const std::string one = tmp.file("one"), many = tmp.file("many");
+    ASSERT_EQ(sf::test::wait_for(
+                  start_with(sf::test::kSanaflow, train_args(one, 4, {}), {}, one + ".log")),
+              0);
+    const int status = sf::test::wait_for(start_with(
+        sf::test::kSanaflow, train_args(many, 2, {"--nproc_per_node", "2"}), {}, many + ".log"));
+    const std::string log = sf::test::read_file(many + ".log");
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+    EXPECT_NE(log.find("--nproc_per_node 2: ranks 0-1 on 127.0.0.1:"), std::string::npos) << log;
+    EXPECT_LT(weight_difference(weights_of(many, false), weights_of(one, false)), 1e-4);
+
+    const std::string bad = tmp.file("bad");
+    const int failed = sf::test::wait_for(start_with(
+        sf::test::kSanaflow,
+        train_args(bad, 2, {"--nproc_per_node", "2", "--cache_dir", tmp.file("no cache")}), {},
+        bad + ".log"));
+    const std::string bad_log = sf::test::read_file(bad + ".log");
+    EXPECT_TRUE(WIFEXITED(failed) && WEXITSTATUS(failed) != 0) << bad_log;
+    EXPECT_NE(bad_log.find("--nproc_per_node: rank "), std::string::npos) << bad_log;
+}
+
 }  // namespace

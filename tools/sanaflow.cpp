@@ -21,6 +21,7 @@
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
 #include "stages/distributed/launch_env.h"
+#include "stages/distributed/local_launch.h"
 #include "tools/cli/flag_check.h"
 #include "tools/cli/flag_values.h"
 #include "tools/cli/plan_flags.h"
@@ -189,6 +190,8 @@ struct Cli {
     std::string inspect_dir, plot_dir, config_file, demo_dir = "demo-out";
     bool verify = false;
     int demo_images = 24;
+    int nproc_per_node = 1;         // prep and train: ranks this process starts itself
+    std::vector<std::string> argv;  // as given, for those ranks
     CLI::App *prep_cmd = nullptr, *inspect_cmd = nullptr, *train_cmd = nullptr, *plot_cmd = nullptr,
              *models_cmd = nullptr, *demo_cmd = nullptr, *plan_cmd = nullptr;
 };
@@ -229,6 +232,13 @@ void define_commands(Cli& c) {
         cmd->add_option("--config", c.config_file,
                         "a YAML file of this command's flags (sections, lists, null); typed "
                         "flags win");
+        cmd->add_option("--nproc_per_node", c.nproc_per_node,
+                        "run as this many data-parallel ranks on this machine, each a process "
+                        "started with torchrun's variables (as torchrun --standalone "
+                        "--nproc_per_node N --no-python would); ignored by a rank that a "
+                        "launcher started")
+            ->check(integer_in(1, 1024))
+            ->capture_default_str();
     }
 
     c.plot_cmd = app.add_subcommand(
@@ -295,6 +305,11 @@ std::optional<int> parse(Cli& c, int argc, char** argv) {
 }
 
 int run(const Cli& c) {
+    if (c.nproc_per_node > 1 && (*c.prep_cmd || *c.train_cmd)) {
+        if (!sf::distributed::launch_env().distributed())
+            return sf::distributed::run_local_ranks(c.argv, c.nproc_per_node);
+        sf::log_debug("--nproc_per_node: this rank was started by a launcher; ignored");
+    }
     if (*c.prep_cmd) return run_prep_command(c.prep);
     if (*c.inspect_cmd) return run_inspect_command(c.inspect_dir, c.verify);
     if (*c.train_cmd) return run_train_command(c.train, c.train_extra);
@@ -316,6 +331,7 @@ int main(int argc, char** argv) {
     sf::set_torch_threads();
     Cli cli;
     define_commands(cli);
+    cli.argv.assign(argv, argv + argc);
     if (const auto status = parse(cli, argc, argv)) return *status;
     if (cli.quiet) sf::set_log_level(sf::LogLevel::kError);
     if (cli.verbose) sf::set_log_level(sf::LogLevel::kDebug);
