@@ -180,7 +180,10 @@ void BlockSwap::set(const std::vector<std::shared_ptr<torch::nn::Module>>& block
     s.device = device;
     s.side.reset();
     if (device.is_cuda() && n > 1) {
-        s.side = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device);
+        const c10::impl::VirtualGuardImpl impl(device.type());
+        // "cuda" alone is the current device: the streams and events need its index.
+        if (!device.has_index()) s.device = impl.getDevice();
+        s.side = impl.getStreamFromGlobalPool(s.device);
     }
     for (const auto& block : s.swapped) move_to(*block, device, /*host=*/true, device.is_cuda());
     count_ = s.swapped.size();
