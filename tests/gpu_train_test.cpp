@@ -45,11 +45,12 @@ sf::train::MicroBatch batch(int64_t grid) {
 // The peak of two steps on cuda:0; `weights`, when given, receives the trained weights (on the
 // host, in order).
 int64_t cuda_step_peak(sf::train::TrainStepOptions o, int64_t grid,
-                       std::vector<at::Tensor>* weights = nullptr) {
+                       std::vector<at::Tensor>* weights = nullptr,
+                       sf::train::AdamWOptions adamw = {}) {
     torch::manual_seed(1);
     SanaTransformer model(config());
     model->to(torch::kCUDA);
-    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), {},
+    sf::train::TrainStep step(model.ptr(), sf::model::trainable_parameters(*model), adamw,
                               sf::train::LRSchedule("constant", 1e-4, 0, 10), o,
                               c10::Device(c10::kCUDA, 0));
     const auto b = batch(grid);
@@ -160,6 +161,31 @@ TEST(GpuTrain, BlockSwapLowersTheCudaPeakByTheSwappedBlocks) {
         EXPECT_TRUE(torch::allclose(resident_weights[i], swapped_weights[i], 1e-4, 1e-6))
             << "weight " << i << " differs by "
             << (resident_weights[i] - swapped_weights[i]).abs().max().item<float>();
+    }
+}
+
+// --offload_optimizer under the fused backward pass: each parameter's host update and its copy
+// back run on a worker thread while the backward goes on (the CUDA copies from that thread). The
+// trained weights equal the resident optimizer's, and the device keeps no moments.
+TEST(GpuTrain, OffloadedUpdatesBesideTheFusedBackwardMatchTheResidentOnes) {
+    SKIP_WITHOUT_CUDA();
+    torch::manual_seed(1);
+    SanaTransformer sizes(config());
+    int64_t weight_bytes = 0;
+    for (const auto& p : sizes->parameters()) weight_bytes += p.numel() * p.element_size();
+    sf::train::TrainStepOptions fused;
+    fused.fused_backward = true;
+    sf::train::AdamWOptions offload;
+    offload.offload = true;
+    std::vector<at::Tensor> resident_weights, offloaded_weights;
+    const int64_t resident = cuda_step_peak(fused, 32, &resident_weights);
+    const int64_t offloaded = cuda_step_peak(fused, 32, &offloaded_weights, offload);
+    EXPECT_LT(offloaded, resident - weight_bytes)
+        << "resident " << resident << " offloaded " << offloaded << " weights " << weight_bytes;
+    ASSERT_EQ(resident_weights.size(), offloaded_weights.size());
+    for (size_t i = 0; i < resident_weights.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(resident_weights[i], offloaded_weights[i], 1e-4, 1e-6))
+            << "weight " << i;
     }
 }
 

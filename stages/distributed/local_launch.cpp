@@ -67,7 +67,8 @@ pid_t start_rank(const std::vector<std::string>& argv, int rank, int ranks, int 
 
 int free_local_port() {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw Error::IOError(fmt::format("--nproc_per_node: socket: {}", std::strerror(errno)));
+    if (fd < 0)
+        throw Error::IOError(fmt::format("--nproc_per_node: socket: {}", std::strerror(errno)));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -96,7 +97,8 @@ int run_local_ranks(const std::vector<std::string>& argv, int ranks) {
     struct sigaction forward {};
     forward.sa_handler = forward_signal;
     sigemptyset(&forward.sa_mask);
-    struct sigaction old_int {}, old_term {};
+    struct sigaction old_int {
+    }, old_term{};
     ::sigaction(SIGINT, &forward, &old_int);
     ::sigaction(SIGTERM, &forward, &old_term);
     std::vector<pid_t> pids;
