@@ -369,55 +369,6 @@ TEST(GradientBuckets, StartInOrderAsTheyCompleteAndLeaveEachSum) {
     EXPECT_TRUE(torch::equal(params[0].grad(), torch::full({4}, 2.0)));
 }
 
-// Laid out again in the order the first backward pass completed the gradients (here the
-// declared order, the opposite of the first layout's guess), a bucket starts as soon as its own
-// gradients are complete instead of waiting for the last one; the sums are unchanged.
-TEST(GradientBuckets, RebuiltInTheObservedOrderStartAsSoonAsTheirGradientsComplete) {
-    std::vector<torch::Tensor> params;
-    for (int i = 0; i < 4; ++i) params.push_back(torch::zeros({4}).requires_grad_());
-    auto fill = [&] {
-        for (int i = 0; i < 4; ++i)
-            params[static_cast<size_t>(i)].mutable_grad() = torch::full({4}, i + 1.0);
-    };
-    int64_t started = 0;
-    sf::distributed::GradientBuckets buckets(params, {}, 32, [&](const at::Tensor& flat, int) {
-        ++started;
-        return sf::distributed::PendingCollective([flat] { flat.mul_(2); });
-    });
-    ASSERT_EQ(buckets.bucket_count(), 2u);
-    EXPECT_EQ(buckets.members(0), (std::vector<size_t>{3, 2}));
-    fill();
-    buckets.begin();
-    buckets.ready(0);
-    buckets.ready(1);
-    EXPECT_EQ(started, 0) << "{1, 0} waits for {3, 2}";
-    buckets.ready(2);
-    buckets.ready(3);
-    buckets.finish([](int) { return true; });
-    EXPECT_EQ(buckets.observed_order(), (std::vector<size_t>{0, 1, 2, 3}));
-    EXPECT_TRUE(buckets.rebuild(buckets.observed_order()));
-    EXPECT_TRUE(buckets.rebuilt());
-    EXPECT_EQ(buckets.members(0), (std::vector<size_t>{0, 1}));
-    EXPECT_EQ(buckets.members(1), (std::vector<size_t>{2, 3}));
-
-    started = 0;
-    fill();
-    buckets.begin();
-    buckets.ready(0);
-    buckets.ready(1);
-    EXPECT_EQ(started, 1) << "{0, 1} starts with its own gradients";
-    buckets.ready(2);
-    buckets.ready(3);
-    buckets.finish([](int) { return true; });
-    EXPECT_EQ(buckets.started_in_backward(), 2);
-    for (int i = 0; i < 4; ++i) {
-        EXPECT_TRUE(
-            torch::equal(params[static_cast<size_t>(i)].grad(), torch::full({4}, 2.0 * (i + 1))))
-            << i;
-    }
-    EXPECT_FALSE(buckets.rebuild({0, 1, 2, 3})) << "the same layout again changes nothing";
-}
-
 // Accumulators of parameters on two devices call ready() from two threads at once: 20000
 // gradients in buckets of two, each bucket's pair completed by the two threads together, start
 // every bucket once, in order (unguarded, the threads lose counts and start twice or never).

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "core/check.h"
-#include "core/log.h"
 
 namespace sf::distributed {
 
@@ -77,28 +76,7 @@ void DataParallelSync::grad_ready(size_t index) {
 }
 
 void DataParallelSync::reduce_all(const std::vector<at::Tensor>& params) {
-    GradientBuckets& b = buckets(params);
-    b.finish([this](int tag) { return keeps_bucket(tag); });
-    if (!b.rebuilt()) rebuild_buckets(b, params);
-}
-
-void DataParallelSync::rebuild_buckets(GradientBuckets& b, const std::vector<at::Tensor>& params) {
-    // Rank 0's order for every rank, so that all start the same collectives in the same order;
-    // on the parameters' device (NCCL's collectives take the GPU's tensors only).
-    const std::vector<size_t> mine = b.observed_order();
-    const at::Tensor order = at::tensor(std::vector<int64_t>(mine.begin(), mine.end()), at::kLong);
-    std::vector<at::Tensor> t = {params.empty() ? order : order.to(params.front().device())};
-    world_->broadcast(t, 0, "the broadcast of the gradient buckets' order");
-    const at::Tensor got = t[0].to(at::kCPU).contiguous();
-    std::vector<size_t> chosen(mine.size());
-    for (size_t i = 0; i < chosen.size(); ++i)
-        chosen[i] = static_cast<size_t>(got.data_ptr<int64_t>()[i]);
-    if (b.rebuild(chosen)) {
-        log_debug(
-            "ddp: {} gradient buckets laid out again in the order the backward completed "
-            "them",
-            b.bucket_count());
-    }
+    buckets(params).finish([this](int tag) { return keeps_bucket(tag); });
 }
 
 void DataParallelSync::reduce_one(size_t /*index*/, const at::Tensor& param) {

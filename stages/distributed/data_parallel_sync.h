@@ -68,8 +68,6 @@ protected:
 
 private:
     GradientBuckets& buckets(const std::vector<at::Tensor>& params);
-    // After the first step: the buckets laid out in the order rank 0's backward completed them.
-    void rebuild_buckets(GradientBuckets& b, const std::vector<at::Tensor>& params);
     int64_t bucket_bytes_;
     std::unique_ptr<GradientBuckets> buckets_;  // laid out at the first use
     size_t bucket_params_ = 0;                  // how many parameters they were laid out for

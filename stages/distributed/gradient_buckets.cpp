@@ -21,30 +21,22 @@ at::Tensor& grad_of(const at::Tensor& param) {
 GradientBuckets::GradientBuckets(const std::vector<at::Tensor>& params,
                                  const std::vector<int>& tags, int64_t bucket_bytes, Start start)
     : params_(params),
-      tags_(tags.empty() ? std::vector<int>(params.size(), 0) : tags),
-      bucket_bytes_(bucket_bytes),
       start_(std::move(start)),
       bucket_of_(params.size()),
       completions_(params.size(), 0) {
     SF_CHECK(tags.empty() || tags.size() == params.size(), "one tag per parameter");
-    std::vector<size_t> reverse(params.size());
-    for (size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
-    lay_out(reverse);
-}
-
-void GradientBuckets::lay_out(const std::vector<size_t>& order) {
-    buckets_.clear();
-    // The open bucket of each group; a group's buckets fill in `order`.
+    // The open bucket of each group; a group's buckets fill in reverse parameter order.
     std::map<std::tuple<int, at::ScalarType, std::string>, size_t> open;
     std::vector<int64_t> bytes;
-    for (size_t k : order) {
-        const at::Tensor& p = params_[k];
-        const auto key = std::make_tuple(tags_[k], p.scalar_type(), p.device().str());
+    for (size_t k = params.size(); k-- > 0;) {
+        const at::Tensor& p = params[k];
+        const int tag = tags.empty() ? 0 : tags[k];
+        const auto key = std::make_tuple(tag, p.scalar_type(), p.device().str());
         const int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
         auto it = open.find(key);
-        if (it == open.end() || bytes[it->second] >= bucket_bytes_) {
+        if (it == open.end() || bytes[it->second] >= bucket_bytes) {
             buckets_.push_back({});
-            buckets_.back().tag = tags_[k];
+            buckets_.back().tag = tag;
             bytes.push_back(0);
             it = open.insert_or_assign(key, buckets_.size() - 1).first;
         }
@@ -52,40 +44,11 @@ void GradientBuckets::lay_out(const std::vector<size_t>& order) {
         bytes[it->second] += size;
         bucket_of_[k] = it->second;
     }
-    layout_order_ = order;
-}
-
-std::vector<size_t> GradientBuckets::observed_order() const {
-    std::vector<size_t> order = first_ready_;
-    std::vector<bool> seen(params_.size(), false);
-    for (size_t k : order) seen[k] = true;
-    for (size_t k = params_.size(); k-- > 0;) {
-        if (!seen[k]) order.push_back(k);
-    }
-    return order;
-}
-
-bool GradientBuckets::rebuild(const std::vector<size_t>& order) {
-    std::vector<bool> seen(params_.size(), false);
-    bool permutation = order.size() == params_.size();
-    for (size_t k : order) {
-        permutation = permutation && k < params_.size() && !seen[k];
-        if (permutation) seen[k] = true;
-    }
-    SF_CHECK(permutation, "the gradient buckets' order is not a permutation of the parameters");
-    SF_CHECK(next_ == 0, "the gradient buckets rebuilt during a backward pass");
-    recording_ = false;
-    first_ready_.clear();
-    if (order == layout_order_) return false;
-    lay_out(order);
-    reset();
-    return true;
 }
 
 void GradientBuckets::begin() {
     for (Bucket& b : buckets_) b.pending.wait();
     reset();
-    first_ready_.clear();  // the order of this pass is what counts
     started_in_backward_ = 0;
 }
 
@@ -102,7 +65,6 @@ void GradientBuckets::ready(size_t index) {
     SF_CHECK(index < params_.size(), "a gradient outside the buckets");
     const std::lock_guard<std::mutex> lock(ready_mutex_);
     if (++completions_[index] > 1) return;  // a second completion: finish() reduces it apart
-    if (recording_) first_ready_.push_back(index);
     ++buckets_[bucket_of_[index]].complete;
     const size_t before = next_;
     start_ready_in_order();

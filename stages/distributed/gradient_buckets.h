@@ -1,12 +1,8 @@
 // A step's gradients in buckets whose collectives start inside the backward pass, as
-// DistributedDataParallel's reducer does: the parameters in reverse order (about the order the
-// backward completes them) grouped by (tag, dtype, device) and cut at kBucketBytes; each bucket
-// starts as soon as every gradient in it is complete and every bucket before it has started, so
-// every rank starts the same collectives in the same order. As DDP's reducer does after its
-// first iteration, the buckets are laid out again once in the order the first backward pass
-// really completed the gradients (observed_order(), rank 0's for every rank: rebuild()), so that
-// each bucket is complete as early as it can be (a checkpointed block's recompute, parameters
-// used in another order than declared).
+// DistributedDataParallel's reducer does: the buckets are laid out once, the parameters in
+// reverse order (the order the backward completes them) grouped by (tag, dtype, device) and cut
+// at kBucketBytes; each bucket starts as soon as every gradient in it is complete and every
+// bucket before it has started, so every rank starts the same collectives in the same order.
 // finish() starts what did not start (gradients that never completed: zeros, or the ones set
 // outside autograd, as block swap's), waits for all, and leaves each sum in its gradient.
 //
@@ -50,15 +46,6 @@ public:
     void finish(const std::function<bool(int tag)>& keep);
 
     size_t bucket_count() const { return buckets_.size(); }
-    // The order the first backward pass completed the gradients in (each parameter's first
-    // completion), then the ones it never completed, in reverse: a permutation of the indices.
-    std::vector<size_t> observed_order() const;
-    // Between backward passes: lays the buckets out in `order` (a permutation of the indices)
-    // and stops recording; returns whether the layout changed. Every rank must pass the same.
-    bool rebuild(const std::vector<size_t>& order);
-    bool rebuilt() const { return !recording_; }
-    // The parameter indices of bucket `b`, in its order.
-    const std::vector<size_t>& members(size_t b) const { return buckets_[b].members; }
     // Buckets started from ready() during the last backward pass, before finish().
     int64_t started_in_backward() const { return started_in_backward_; }
 
@@ -70,15 +57,12 @@ private:
         at::Tensor flat;  // while started: the gradients, flattened
         PendingCollective pending;
     };
-    void lay_out(const std::vector<size_t>& order);
     void start(Bucket& b);
     void start_ready_in_order();
     // Nothing complete, nothing started (buckets [0, next_) have started: they start in order).
     void reset();
 
     std::vector<at::Tensor> params_;
-    std::vector<int> tags_;  // per parameter
-    int64_t bucket_bytes_;
     Start start_;
     std::vector<Bucket> buckets_;
     std::vector<size_t> bucket_of_;  // per parameter
@@ -86,9 +70,6 @@ private:
     size_t next_ = 0;                // the first bucket not started
     std::mutex ready_mutex_;         // ready()'s: the counts above and the buckets' starts
     int64_t started_in_backward_ = 0;
-    std::vector<size_t> layout_order_;  // the order the buckets were laid out in
-    bool recording_ = true;             // until rebuild(): first_ready_ records completions
-    std::vector<size_t> first_ready_;
 };
 
 }  // namespace sf::distributed
