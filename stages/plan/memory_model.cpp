@@ -49,10 +49,6 @@ PlanRemedies PlanRemedies::calibrated() const {
     return c;
 }
 
-int64_t lent_blocks(int64_t num_layers, const PlanRemedies& r) {
-    return std::min<int64_t>(std::clamp<int64_t>(r.blocks_to_swap, 0, num_layers), 2);
-}
-
 int64_t checkpointed_blocks(int64_t num_layers, const PlanRemedies& r) {
     int64_t n = 0;
     for (int64_t i = 0; i < num_layers; ++i) {
@@ -60,6 +56,12 @@ int64_t checkpointed_blocks(int64_t num_layers, const PlanRemedies& r) {
         if (every || i < r.blocks_to_swap) ++n;
     }
     return n;
+}
+
+int64_t lent_blocks(int64_t num_layers, const PlanRemedies& r) {
+    const int64_t swapped = std::clamp<int64_t>(r.blocks_to_swap, 0, num_layers);
+    if (checkpointed_blocks(num_layers, r) < num_layers) return 0;
+    return std::min<int64_t>(swapped, 2);
 }
 
 int64_t ParameterCensus::state_bytes(const std::string& optimizer) const {
@@ -202,7 +204,6 @@ const std::vector<std::string> kFeatureNames = {
     "m x one chunk's tokens (ff rows + 2 halo rows, or ff frames) x ff width (chunked "
     "feed-forward)",
     "blocks",
-    "parameters and trainable parameters of the lent swapped blocks",
 };
 
 std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
@@ -267,8 +268,6 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
         m * self_chunk * d,
         m * ff_tokens * ff,
         blocks,
-        static_cast<double>(lent_blocks(c.layers, r) *
-                            (census.block_total + census.block_trainable)),
     };
 }
 
@@ -291,8 +290,7 @@ double PhaseModel::eval(const std::vector<double>& x) const {
 ParameterCensus device_share(const ParameterCensus& census, const PlanRemedies& r,
                              int64_t num_layers) {
     const int64_t swapped = std::clamp<int64_t>(r.blocks_to_swap, 0, num_layers);
-    // The blocks lent to the device for a while (lent_blocks()) are a phase's, not static.
-    const int64_t away = swapped;
+    const int64_t away = swapped - lent_blocks(num_layers, r);
     ParameterCensus device = census;
     device.total -= away * census.block_total;
     device.trainable -= away * census.block_trainable;

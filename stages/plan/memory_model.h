@@ -55,10 +55,11 @@ struct PlanRemedies {
     PlanRemedies calibrated() const;
 };
 
-// The swapped blocks on the device at the same time under r's block swap: the one running and the
-// one copied ahead (model/common/block_swap.h). Their weights and gradients are a phase's bytes
-// (a feature of the fit: at the moment of a phase's peak they may or may not be there), not the
-// static part.
+// The swapped blocks on the device at a step's peak under r's block swap: when every block is
+// recomputed (the peak is inside a recompute, and for a swapped block that holds it and the one
+// copied ahead: model/common/block_swap.h) two, else none (the peak is at the backward of a block
+// that keeps its activations, before any swapped block is lent again). Counted exactly, with the
+// weights the device keeps; at other moments fewer are there, so this errs high.
 int64_t lent_blocks(int64_t num_layers, const PlanRemedies& r);
 
 // The blocks of `num_layers` that a step recomputes: every k-th (r.gradient_checkpointing) and
@@ -110,10 +111,10 @@ struct ParameterCensus {
     int64_t block_state_bytes(const std::string& optimizer) const;
 };
 
-// What of `census` the device holds all the time with r's block swap (all but the swapped blocks;
-// lent_blocks() of them are lent for a while), and the static part of a footprint: the device's
-// weights, gradients and optimizer state (none offloaded; a swapped block's is on the host either
-// way) and the host's.
+// What of `census` the device holds at the peak with r's block swap (all but the swapped blocks,
+// and lent_blocks() of those), and the static part of a footprint: the device's weights,
+// gradients and optimizer state (none offloaded; a swapped block's is on the host either way) and
+// the host's.
 struct Footprint;
 ParameterCensus device_share(const ParameterCensus& census, const PlanRemedies& r,
                              int64_t num_layers);
@@ -152,8 +153,8 @@ struct Footprint {
 
 // The prediction of every phase fitted in `phases` (phase -> coefficients), the static part
 // added. With r.blocks_to_swap = N, the device holds the weights (and gradients) of the other
-// blocks, and a phase those of the lent ones; with r.offload_optimizer, no optimizer state (a
-// swapped block's state is on the host either way).
+// blocks and of the lent ones; with r.offload_optimizer, no optimizer state (a swapped block's
+// state is on the host either way).
 Footprint predict_footprint(const PlanShape& shape, const PlanRemedies& r,
                             const ParameterCensus& census, const PhaseModels& phases);
 
