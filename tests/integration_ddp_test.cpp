@@ -534,6 +534,43 @@ TEST(TrainDataParallel, NprocPerNodeStartsTheRanksItself) {
     const std::string bad_log = sf::test::read_file(bad + ".log");
     EXPECT_TRUE(WIFEXITED(failed) && WEXITSTATUS(failed) != 0) << bad_log;
     EXPECT_NE(bad_log.find("--nproc_per_node: rank "), std::string::npos) << bad_log;
+
+    // SIGTERM to the launching process reaches its ranks: a run of 100000 steps ends at once.
+    const std::string stopped = tmp.file("stopped");
+    const pid_t launcher =
+        start_with(sf::test::kSanaflow,
+                   train_args(stopped, 2, {"--nproc_per_node", "2", "--max_train_steps", "100000"}),
+                   {}, stopped + ".log");
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline &&
+           sf::test::read_file(stopped + ".log").find("joined") == std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(launcher, SIGTERM);
+    int stopped_status = 0;
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    pid_t done = 0;
+    while (done == 0 && std::chrono::steady_clock::now() < deadline) {
+        done = ::waitpid(launcher, &stopped_status, WNOHANG);
+        if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (done == 0) ::kill(launcher, SIGKILL);
+    ASSERT_EQ(done, launcher) << "the ranks did not stop\n"
+                              << sf::test::read_file(stopped + ".log");
+    EXPECT_FALSE(WIFEXITED(stopped_status) && WEXITSTATUS(stopped_status) == 0);
+    EXPECT_FALSE(fs::exists(stopped + "/training_summary.json"));
+    // The launcher returned only once its ranks were gone (a launcher that died alone would
+    // leave them training): no process is left with this run's output folder in its arguments.
+    std::vector<pid_t> left;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+        const std::string name = entry.path().filename().string();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::string cmdline = sf::test::read_file(entry.path() / "cmdline");
+        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+        if (cmdline.find(stopped + " ") != std::string::npos) left.push_back(std::stoi(name));
+    }
+    for (pid_t p : left) ::kill(p, SIGKILL);
+    EXPECT_TRUE(left.empty()) << left.size() << " ranks were left running";
 }
 
 }  // namespace

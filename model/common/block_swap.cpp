@@ -149,13 +149,12 @@ struct BlockSwap::State {
         if (forward ? block + 1 >= swapped.size() : block == 0) return;
         const size_t next = forward ? block + 1 : block - 1;
         Ahead a{next, {}, {}};
+        std::optional<c10::StreamGuard> on_side;
+        if (side) on_side.emplace(*side);
+        a.copies = copy_to(*swapped[next], device);
         if (side) {
-            const c10::StreamGuard on_side(*side);
-            a.copies = copy_to(*swapped[next], device);
             a.done.emplace(device.type());
             a.done->record(*side);
-        } else {
-            a.copies = copy_to(*swapped[next], device);
         }
         ahead = std::move(a);
         ++copies;
@@ -186,10 +185,12 @@ void BlockSwap::set(const std::vector<std::shared_ptr<torch::nn::Module>>& block
         s.side = impl.getStreamFromGlobalPool(s.device);
     }
     for (const auto& block : s.swapped) move_to(*block, device, /*host=*/true, device.is_cuda());
-    count_ = s.swapped.size();
 }
 
-int64_t BlockSwap::count() const { return static_cast<int64_t>(count_); }
+// Unlocked: set() never runs beside a forward pass, the only caller of these two.
+int64_t BlockSwap::count() const { return static_cast<int64_t>(state_->swapped.size()); }
+
+bool BlockSwap::swapped(size_t block) const { return block < state_->swapped.size(); }
 
 void BlockSwap::begin_pass() {
     const std::lock_guard<std::mutex> lock(state_->mutex);
@@ -198,7 +199,7 @@ void BlockSwap::begin_pass() {
 }
 
 CheckpointScope BlockSwap::scope(size_t block) {
-    SF_CHECK(block < count_, "scope() of a block that is not swapped");
+    SF_CHECK(swapped(block), "scope() of a block that is not swapped");
     return [state = state_, block] {
         const std::lock_guard<std::mutex> lock(state->mutex);
         std::vector<Copy> copies = state->take(block);

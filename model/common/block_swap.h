@@ -41,7 +41,7 @@ public:
     void set(const std::vector<std::shared_ptr<torch::nn::Module>>& blocks, int64_t n,
              c10::Device device);
     int64_t count() const;
-    bool swapped(size_t block) const { return block < count_; }
+    bool swapped(size_t block) const;
     // A forward pass of the model begins: a block copied ahead and not yet run is dropped.
     void begin_pass();
     // What checkpoint() holds around each run of swapped block `block`: its weights, and the
@@ -55,7 +55,6 @@ public:
 private:
     struct State;
     std::shared_ptr<State> state_;
-    size_t count_ = 0;
 };
 
 }  // namespace sf::model

@@ -113,7 +113,7 @@ int run_local_ranks(const std::vector<std::string>& argv, int ranks) {
     if (result != 0) std::fprintf(stderr, "sanaflow: --nproc_per_node: fork failed\n");
     bool stopping = result != 0;
     if (stopping) forward_signal(SIGTERM);
-    auto stop_deadline = std::chrono::steady_clock::now();
+    auto stopping_since = std::chrono::steady_clock::now();
     size_t running = pids.size();
     while (running > 0) {
         int status = 0;
@@ -121,7 +121,7 @@ int run_local_ranks(const std::vector<std::string>& argv, int ranks) {
         if (done < 0 && errno == EINTR) continue;
         if (done < 0) break;
         if (done == 0) {  // stopping: the ones left get SIGKILL after 10 s
-            if (std::chrono::steady_clock::now() - stop_deadline > std::chrono::seconds(10))
+            if (std::chrono::steady_clock::now() - stopping_since > std::chrono::seconds(10))
                 forward_signal(SIGKILL);
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             continue;
@@ -138,7 +138,7 @@ int run_local_ranks(const std::vector<std::string>& argv, int ranks) {
             std::fprintf(stderr, "sanaflow: --nproc_per_node: rank %d %s; stopping the others\n",
                          rank, describe(status).c_str());
             stopping = true;
-            stop_deadline = std::chrono::steady_clock::now();
+            stopping_since = std::chrono::steady_clock::now();
             forward_signal(SIGTERM);
         }
     }

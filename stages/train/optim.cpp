@@ -35,40 +35,36 @@ void AdamW::step(double lr) {
     }
 }
 
-void AdamW::step_one(size_t index, double lr) {
+void AdamW::step_one(size_t index, double lr) { run_step(index, lr, /*overlapped=*/false); }
+
+void AdamW::step_one_overlapped(size_t index, double lr) {
+    run_step(index, lr, /*overlapped=*/true);
+}
+
+void AdamW::run_step(size_t index, double lr, bool overlapped) {
     at::NoGradGuard no_grad;
-    at::Tensor& param = params_[index].second;
+    const at::Tensor& param = params_[index].second;
     if (!param.grad().defined() || !owns(index)) return;
     if (!options_.offload) {
         update(index, lr, param, param.grad());
         return;
     }
-    // Offloaded, the arithmetic runs on host copies (core/host_memory.h); the weights go back
-    // after it.
-    at::Tensor p = mem::to_host(param.detach(), false);
-    update(index, lr, p, mem::to_host(param.grad(), false));
-    param.detach().copy_(p);
+    // Offloaded, the arithmetic runs on host copies (core/host_memory.h), made now while the
+    // gradient exists; the weights go back after it. Overlapped, the update and the copy back
+    // run on the worker: nothing reads this parameter until wait(), as its gradient is complete
+    // and the rest of the backward pass does not use it.
+    const at::Tensor p = mem::to_host(param.detach(), false);
+    const at::Tensor grad = mem::to_host(param.grad(), false);
     offload_copies_ += 3;
-}
-
-void AdamW::step_one_overlapped(size_t index, double lr) {
-    if (!options_.offload) return step_one(index, lr);
-    at::NoGradGuard no_grad;
-    const at::Tensor& param = params_[index].second;
-    if (!param.grad().defined() || !owns(index)) return;
-    // The copies to the host now, while the gradient exists; the update and the copy back on the
-    // worker. Nothing reads this parameter until wait(): its gradient is complete, so the rest of
-    // the backward pass does not use it.
-    at::Tensor p = mem::to_host(param.detach(), false);
-    at::Tensor grad = mem::to_host(param.grad(), false);
-    offload_copies_ += 3;
-    ++overlapped_;
-    if (!worker_) worker_ = std::make_unique<HostWorker>();
-    worker_->submit([this, index, lr, p, grad, param] {
+    auto job = [this, index, lr, p, grad, param] {
         at::NoGradGuard no_grad;
         update(index, lr, p, grad);
         param.detach().copy_(p);
-    });
+    };
+    if (!overlapped) return job();
+    ++overlapped_;
+    if (!worker_) worker_ = std::make_unique<HostWorker>();
+    worker_->submit(std::move(job));
 }
 
 void AdamW::wait() {

@@ -77,6 +77,7 @@ public:
     void load_state(const std::map<std::string, at::Tensor>& state);
 
 private:
+    void run_step(size_t index, double lr, bool overlapped);
     void update(size_t index, double lr, at::Tensor p, const at::Tensor& grad);
 
     struct Moments {
