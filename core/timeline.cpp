@@ -295,12 +295,15 @@ Span::~Span() {
 
 namespace {
 std::mutex g_files_mutex;
-int g_open_files = 0;
+std::vector<std::string> g_open_paths;  // of the files alive now, outermost first
 }  // namespace
 
 TimelineFile::TimelineFile(std::string path) : path_(std::move(path)) {
     std::lock_guard<std::mutex> lock(g_files_mutex);
-    if (g_open_files++ == 0) {
+    written_by_outer_ =
+        std::find(g_open_paths.begin(), g_open_paths.end(), path_) != g_open_paths.end();
+    g_open_paths.push_back(path_);
+    if (g_open_paths.size() == 1) {
         timeline().clear();
         timeline().start();
     }
@@ -308,8 +311,9 @@ TimelineFile::TimelineFile(std::string path) : path_(std::move(path)) {
 
 TimelineFile::~TimelineFile() {
     std::lock_guard<std::mutex> lock(g_files_mutex);
-    const bool outermost = --g_open_files == 0;
-    if (outermost) timeline().stop();
+    g_open_paths.erase(std::find(g_open_paths.rbegin(), g_open_paths.rend(), path_).base() - 1);
+    if (g_open_paths.empty()) timeline().stop();
+    if (written_by_outer_) return;
     try {
         timeline().write(path_);
         log_info("memory timeline: {} (open it in ui.perfetto.dev)", path_);

@@ -88,8 +88,9 @@ private:
 // Records the process-wide timeline for the object's life and writes it to `path` at its end,
 // also when the scope is left by an exception (an out-of-memory run is the one worth reading).
 // Nested files share one recording: the outermost starts it (clearing what an earlier run
-// left) and stops it; each writes what was recorded up to its own end. Failing to write is
-// logged as a warning, never thrown.
+// left) and stops it; each writes what was recorded up to its own end, except one inside a
+// file of the same path, whose end leaves the writing to that one. Failing to write is logged as
+// a warning, never thrown.
 class TimelineFile {
 public:
     explicit TimelineFile(std::string path);
@@ -99,6 +100,7 @@ public:
 
 private:
     std::string path_;
+    bool written_by_outer_ = false;
 };
 
 }  // namespace sf::mem

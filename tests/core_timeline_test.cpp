@@ -153,4 +153,29 @@ TEST(MemoryTimeline, FileIsWrittenWhenTheRunFailsAndNestedFilesShareOneRecording
     fs::remove_all(dir);
 }
 
+TEST(MemoryTimeline, AFileInsideOneOfTheSamePathLeavesTheWritingToIt) {
+    // `sanaflow train` keeps OUTPUT_DIR's file around prep and training, and training opens it
+    // again: written and logged once, at the outer end.
+    const fs::path dir = fs::temp_directory_path() / "sanaflow-timeline-same-path-test";
+    fs::remove_all(dir);
+    const fs::path path = dir / sf::mem::kTimelineFileName;
+    {
+        const sf::mem::TimelineFile job(path.string());
+        {
+            const sf::mem::TimelineFile train(path.string());
+            const sf::mem::Span span("train", "step 1");
+        }
+        EXPECT_FALSE(fs::exists(path)) << "the inner file wrote what the outer one writes again";
+        EXPECT_TRUE(sf::mem::timeline().recording());
+        const sf::mem::Span span("train", "final weights");
+    }
+    EXPECT_FALSE(sf::mem::timeline().recording());
+    ASSERT_TRUE(fs::exists(path));
+    std::ifstream in(path);
+    const json whole = json::parse(in);
+    EXPECT_EQ(events(whole, "X", "step 1").size(), 1u);
+    EXPECT_EQ(events(whole, "X", "final weights").size(), 1u);
+    fs::remove_all(dir);
+}
+
 }  // namespace
