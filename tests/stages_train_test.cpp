@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -533,14 +536,16 @@ TEST(OffloadOptimizer, UpdatesOnTheHostBitIdenticallyWithThreeCopiesPerUpdate) {
 // The offloaded optimizer's worker: jobs run in order on another thread; wait() returns when they
 // are done and rethrows the first failure, the jobs after it dropped; then it works again.
 TEST(HostWorker, RunsJobsInOrderElsewhereAndRethrowsTheFirstFailure) {
-    sf::train::HostWorker worker;
+    sf::train::HostWorker worker(/*max_pending_bytes=*/1 << 20);
     std::vector<int> ran;
     std::set<std::thread::id> threads;
     for (int i = 0; i < 100; ++i) {
-        worker.submit([&, i] {
-            ran.push_back(i);
-            threads.insert(std::this_thread::get_id());
-        });
+        worker.submit(
+            [&, i] {
+                ran.push_back(i);
+                threads.insert(std::this_thread::get_id());
+            },
+            1);
     }
     worker.wait();
     ASSERT_EQ(ran.size(), 100u);
@@ -549,9 +554,9 @@ TEST(HostWorker, RunsJobsInOrderElsewhereAndRethrowsTheFirstFailure) {
     EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
 
     ran.clear();
-    worker.submit([&] { ran.push_back(1); });
-    worker.submit([] { throw std::runtime_error("update failed"); });
-    worker.submit([&] { ran.push_back(3); });
+    worker.submit([&] { ran.push_back(1); }, 1);
+    worker.submit([] { throw std::runtime_error("update failed"); }, 1);
+    worker.submit([&] { ran.push_back(3); }, 1);
     try {
         worker.wait();
         ADD_FAILURE() << "the failure was not rethrown";
@@ -559,9 +564,37 @@ TEST(HostWorker, RunsJobsInOrderElsewhereAndRethrowsTheFirstFailure) {
         EXPECT_STREQ(e.what(), "update failed");
     }
     EXPECT_EQ(ran, std::vector<int>{1});
-    worker.submit([&] { ran.push_back(4); });
+    worker.submit([&] { ran.push_back(4); }, 1);
     worker.wait();
     EXPECT_EQ(ran, (std::vector<int>{1, 4}));
+    EXPECT_EQ(worker.pending_bytes(), 0);
+}
+
+// What the queued jobs hold is bounded: a submit that would pass the bound waits until a job
+// ends; one larger than the bound goes alone.
+TEST(HostWorker, SubmitWaitsWhileTheQueuedJobsHoldTheBound) {
+    sf::train::HostWorker worker(/*max_pending_bytes=*/100);
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    worker.submit([released] { released.wait(); }, 60);
+    EXPECT_EQ(worker.pending_bytes(), 60);
+    std::atomic<bool> second_queued{false};
+    std::thread producer([&] {
+        worker.submit([] {}, 60);
+        second_queued = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(second_queued) << "queued past the bound while the first job held 60 of 100";
+    release.set_value();
+    producer.join();
+    EXPECT_TRUE(second_queued);
+    worker.wait();
+    EXPECT_EQ(worker.pending_bytes(), 0);
+    bool ran = false;
+    worker.submit([&] { ran = true; }, 1000);
+    worker.wait();
+    EXPECT_TRUE(ran);
+    EXPECT_EQ(worker.pending_bytes(), 0);
 }
 
 TEST(AdamW8bit, TheDynamicMapsAreBitsandbytesAndQuantizingIsNearest) {

@@ -4,7 +4,8 @@
 
 namespace sf::train {
 
-HostWorker::HostWorker() : thread_([this] { run(); }) {}
+HostWorker::HostWorker(int64_t max_pending_bytes)
+    : max_pending_bytes_(max_pending_bytes), thread_([this] { run(); }) {}
 
 HostWorker::~HostWorker() {
     {
@@ -15,10 +16,14 @@ HostWorker::~HostWorker() {
     thread_.join();
 }
 
-void HostWorker::submit(std::function<void()> job) {
+void HostWorker::submit(std::function<void()> job, int64_t bytes) {
     {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        jobs_.push_back(std::move(job));
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] {
+            return pending_bytes_ == 0 || pending_bytes_ + bytes <= max_pending_bytes_;
+        });
+        pending_bytes_ += bytes;
+        jobs_.push_back({std::move(job), bytes});
     }
     changed_.notify_all();
 }
@@ -29,31 +34,40 @@ void HostWorker::wait() {
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
+int64_t HostWorker::pending_bytes() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return pending_bytes_;
+}
+
+void HostWorker::finished(int64_t bytes) {
+    pending_bytes_ -= bytes;
+    busy_ = false;
+    changed_.notify_all();
+}
+
 void HostWorker::run() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
         changed_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
         if (jobs_.empty()) return;  // stopping, and every job ran
-        std::function<void()> job = std::move(jobs_.front());
+        Job job = std::move(jobs_.front());
         jobs_.pop_front();
-        if (failure_) {  // a job failed: the ones after it are dropped until wait()
-            changed_.notify_all();
-            continue;
-        }
         busy_ = true;
-        lock.unlock();
-        try {
-            job();
-        } catch (...) {
-            lock.lock();
-            failure_ = std::current_exception();
-            busy_ = false;
-            changed_.notify_all();
+        if (failure_) {  // a job failed: the ones after it are dropped until wait()
+            finished(job.bytes);
             continue;
         }
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+            job.run();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        job.run = nullptr;  // what it held, released before the bound counts it gone
         lock.lock();
-        busy_ = false;
-        changed_.notify_all();
+        if (error) failure_ = error;
+        finished(job.bytes);
     }
 }
 

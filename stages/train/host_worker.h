@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -14,21 +15,33 @@ namespace sf::train {
 
 class HostWorker {
 public:
-    HostWorker();
+    // Jobs hold data until they run (the offloaded update: host copies of a parameter and its
+    // gradient); submit() waits while those of the jobs queued or running would pass
+    // `max_pending_bytes`, so a worker slower than its producer holds that much, not everything.
+    explicit HostWorker(int64_t max_pending_bytes);
     ~HostWorker();  // waits for the jobs submitted (an exception of theirs is dropped)
     HostWorker(const HostWorker&) = delete;
     HostWorker& operator=(const HostWorker&) = delete;
 
-    void submit(std::function<void()> job);
+    // `bytes`: what the job holds. A job larger than the bound waits for an empty queue.
+    void submit(std::function<void()> job, int64_t bytes);
     // Returns once every job submitted so far has run; rethrows the first exception one threw
     // (the jobs after it are not run).
     void wait();
+    int64_t pending_bytes();
 
 private:
+    struct Job {
+        std::function<void()> run;
+        int64_t bytes;
+    };
     void run();
+    void finished(int64_t bytes);  // with the lock held
+    const int64_t max_pending_bytes_;
     std::mutex mutex_;
     std::condition_variable changed_;
-    std::deque<std::function<void()>> jobs_;
+    std::deque<Job> jobs_;
+    int64_t pending_bytes_ = 0;  // of the jobs queued and the one running
     bool busy_ = false, stopping_ = false;
     std::exception_ptr failure_;
     std::thread thread_;  // last: started once the rest exists

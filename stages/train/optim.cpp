@@ -16,6 +16,10 @@ namespace sf::train {
 
 // diffusers' get_polynomial_decay_schedule_with_warmup: lr_end.
 constexpr double kPolynomialEndLr = 1e-7;
+// Host copies of weights and gradients waiting for the overlapped updates: past this the backward
+// waits for the worker instead of queuing more (a whole model's copies, otherwise, when the
+// host's arithmetic is the slower side).
+constexpr int64_t kMaxPendingHostBytes = int64_t{1} << 30;
 
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
     : params_(std::move(params)), moments_(params_.size()), options_(options) {
@@ -63,8 +67,8 @@ void AdamW::run_step(size_t index, double lr, bool overlapped) {
     };
     if (!overlapped) return job();
     ++overlapped_;
-    if (!worker_) worker_ = std::make_unique<HostWorker>();
-    worker_->submit(std::move(job));
+    if (!worker_) worker_ = std::make_unique<HostWorker>(kMaxPendingHostBytes);
+    worker_->submit(std::move(job), p.nbytes() + grad.nbytes());
 }
 
 void AdamW::wait() {
