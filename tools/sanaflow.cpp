@@ -83,8 +83,10 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         sf::log_info("train: --cache_latents: latents are always cached (prep writes them once)");
     }
     const bool prep_first = !c.prep.instance_data_dir.empty() || !c.prep.manifest.empty();
-    // Around prep and train both, so OUTPUT_DIR's timeline shows the whole job.
-    const sf::mem::TimelineFile timeline(
+    // Around prep and train both, so OUTPUT_DIR's timeline shows the whole job; written when
+    // training ends, before it is drawn.
+    std::optional<sf::mem::TimelineFile> timeline;
+    timeline.emplace(
         (fs::path(o.output_dir) /
          sf::distributed::per_rank_name(sf::mem::kTimelineFileName, sf::distributed::launch_env()))
             .string());
@@ -109,6 +111,7 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
             "train: --offload: training from a cache loads no encoder, so none is offloaded");
     }
     const auto report = sf::pipelines::run_train(o);
+    timeline.reset();
     if (sf::distributed::launch_env().rank > 0) return 0;  // rank 0 reports for every rank
     std::cout << report.summary();
 #if defined(SANAFLOW_WITH_MEDIA)
