@@ -213,6 +213,23 @@ TEST_F(VideoClips, ClipsReadFromMemoryProbeAsFromTheirFile) {
         ErrorCode::kInvalidArgument, "memory: not a video file");
 }
 
+// Found by tools/fuzz (fuzz_clip): an mp4 whose start time and duration put the end scan's seek
+// target past int64's ends. Read or refused, never undefined (the ASan + UBSan build aborts on
+// the overflow: tools/test.sh --asan).
+TEST(VideoFuzzFindings, AnEndScanNearTheEndsOfInt64IsReadOrRefused) {
+    const std::string bytes =
+        test::read_file(std::string(SANAFLOW_TEST_DATA) + "/fuzz/clip-end-scan-overflow.mp4");
+    DecodeVideoConfig config;
+    config.min_side = 1;
+    try {
+        const ClipReader reader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                "crafted.mp4", config, /*open_decoder=*/false);
+        EXPECT_GE(reader.info().duration_s, 0);
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("crafted.mp4"), std::string::npos) << e.what();
+    }
+}
+
 TEST_F(VideoClips, EveryCodecDecodesEveryFrameAtTheBucketSize) {
     const DecodeVideoStage stage(video_config(0, FrameExtraction::kChunk, {1, 25}));
     for (const std::string name : {"h264.mp4", "vp9.webm", "mpeg4.avi"}) {

@@ -297,7 +297,8 @@ void ClipReader::read_geometry_and_timing(const DecodeVideoConfig& config) {
     if (stream_declares_duration_) {
         duration_ticks_ = stream_->duration;
     } else if (format_->duration != AV_NOPTS_VALUE && format_->duration > 0) {
-        duration_ticks_ = av_rescale_q(format_->duration, AV_TIME_BASE_Q, tb);
+        // INT64_MIN where the ticks do not fit in int64 (a crafted time base): then unknown.
+        duration_ticks_ = std::max<int64_t>(0, av_rescale_q(format_->duration, AV_TIME_BASE_Q, tb));
     }
 }
 
@@ -322,25 +323,28 @@ void ClipReader::note_early_end() {
 int64_t ClipReader::scan_end_ticks() {
     const AVRational tb = stream_->time_base;
     const int64_t origin = stream_->start_time == AV_NOPTS_VALUE ? 0 : stream_->start_time;
-    // Back from the declared end by a few seconds: seeking lands on a keyframe before that.
-    const int64_t target = origin + duration_ticks_ - av_rescale_q(5, {1, 1}, tb);
-    if (av_seek_frame(format_.get(), stream_->index, std::max(origin, target),
+    constexpr Wide kMax = std::numeric_limits<int64_t>::max();
+    // Back from the declared end by a few seconds: seeking lands on a keyframe before that. Wide:
+    // a crafted start time and duration reach the ends of int64 (found by tools/fuzz).
+    const Wide target = Wide{origin} + duration_ticks_ - av_rescale_q(5, {1, 1}, tb);
+    if (av_seek_frame(format_.get(), stream_->index,
+                      static_cast<int64_t>(std::clamp<Wide>(target, origin, kMax)),
                       AVSEEK_FLAG_BACKWARD) < 0) {
         return 0;
     }
     AVPacketPtr packet(av_packet_alloc());
     if (!packet) throw Error::OutOfMemory("decode_video: av_packet_alloc");
-    int64_t end = 0;
+    Wide end = 0;
     // Bounded: a demuxer that could not really seek would otherwise read the whole file here.
     for (int read = 0; read < 20000 && av_read_frame(format_.get(), packet.get()) >= 0; ++read) {
         if (packet->stream_index == stream_->index) {
             const int64_t ts = packet->pts != AV_NOPTS_VALUE ? packet->pts : packet->dts;
             if (ts != AV_NOPTS_VALUE)
-                end = std::max(end, ts + std::max<int64_t>(0, packet->duration));
+                end = std::max(end, Wide{ts} + std::max<int64_t>(0, packet->duration));
         }
         av_packet_unref(packet.get());
     }
-    return end > origin ? end - origin : 0;
+    return end > origin ? static_cast<int64_t>(std::min(end - origin, kMax)) : 0;
 }
 
 void ClipReader::open_codec(const DecodeVideoConfig& config) {
