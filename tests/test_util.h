@@ -7,13 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -72,17 +75,33 @@ inline void write_file(const std::filesystem::path& path, const std::string& byt
     ASSERT_TRUE(out.good()) << path;
 }
 
-// A port nothing listens on now (the kernel's pick for a socket bound to port 0).
-inline int free_port() {
+// Whether a listening socket could bind `port` on the loopback now.
+inline bool port_is_free(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
     ::close(fd);
-    return ntohs(a.sin_port);
+    return free;
+}
+
+// A port nothing listens on now, with the one above it free too (under torchrun a 1.13 build
+// hosts its store at MASTER_PORT + 1). Drawn below the kernel's ephemeral range, so no outgoing
+// connection of another test takes it between this check and the bind.
+inline int free_port() {
+    int low = 32768, high = 60999;
+    std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low >> high;
+    const int top = std::max(low, 2048) - 2;
+    std::mt19937 draw(std::random_device{}());
+    std::uniform_int_distribution<int> pick(std::min(1024, top), top);
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        const int port = pick(draw);
+        if (port_is_free(port) && port_is_free(port + 1)) return port;
+    }
+    ADD_FAILURE() << "no free pair of ports below " << low;
+    return 0;
 }
 
 inline std::string read_file(const std::filesystem::path& path) {
