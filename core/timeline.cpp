@@ -180,6 +180,12 @@ size_t Timeline::span_count() const {
     return state_->spans.size();
 }
 
+size_t Timeline::event_count() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->spans.size() + state_->marks.size() +
+           static_cast<size_t>(state_->dropped_spans + state_->dropped_marks);
+}
+
 size_t Timeline::sample_count() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->samples.size();
@@ -313,7 +319,7 @@ TimelineFile::~TimelineFile() {
     std::lock_guard<std::mutex> lock(g_files_mutex);
     g_open_paths.erase(std::find(g_open_paths.rbegin(), g_open_paths.rend(), path_).base() - 1);
     if (g_open_paths.empty()) timeline().stop();
-    if (written_by_outer_) return;
+    if (written_by_outer_ || timeline().event_count() == 0) return;
     try {
         timeline().write(path_);
         log_info("memory timeline: {} (open it in ui.perfetto.dev)", path_);

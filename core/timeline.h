@@ -52,6 +52,8 @@ public:
 
     size_t span_count() const;
     size_t sample_count() const;
+    // Spans and marks recorded, those counted past the bounds included (counter samples aside).
+    size_t event_count() const;
 
     // The whole recording as a Chrome trace JSON object.
     std::string chrome_trace() const;
@@ -89,8 +91,9 @@ private:
 // also when the scope is left by an exception (an out-of-memory run is the one worth reading).
 // Nested files share one recording: the outermost starts it (clearing what an earlier run
 // left) and stops it; each writes what was recorded up to its own end, except one inside a
-// file of the same path, whose end leaves the writing to that one. Failing to write is logged as
-// a warning, never thrown.
+// file of the same path, whose end leaves the writing to that one. A recording with no span or
+// mark (a run refused before it began) writes nothing. Failing to write is logged as a warning,
+// never thrown.
 class TimelineFile {
 public:
     explicit TimelineFile(std::string path);

@@ -153,6 +153,26 @@ TEST(MemoryTimeline, FileIsWrittenWhenTheRunFailsAndNestedFilesShareOneRecording
     fs::remove_all(dir);
 }
 
+TEST(MemoryTimeline, ARunThatRecordedNothingLeavesNoFile) {
+    // A run refused before any phase, model or mark (a bad flag, a missing cache) leaves
+    // OUTPUT_DIR as it was.
+    const fs::path dir = fs::temp_directory_path() / "sanaflow-timeline-empty-test";
+    fs::remove_all(dir);
+    const fs::path path = dir / sf::mem::kTimelineFileName;
+    try {
+        const sf::mem::TimelineFile job(path.string());
+        throw std::runtime_error("give --cache_dir");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_FALSE(fs::exists(dir)) << "a refused run made its output folder";
+    {
+        const sf::mem::TimelineFile job(path.string());
+        sf::mem::memory_log().mark("prep", "start");
+    }
+    EXPECT_TRUE(fs::exists(path)) << "a run with one mark wrote nothing";
+    fs::remove_all(dir);
+}
+
 TEST(MemoryTimeline, AFileInsideOneOfTheSamePathLeavesTheWritingToIt) {
     // `sanaflow train` keeps OUTPUT_DIR's file around prep and training, and training opens it
     // again: written and logged once, at the outer end.

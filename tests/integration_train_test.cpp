@@ -773,9 +773,10 @@ TEST(TrainCli, TheGuidesLaunchLineRunsAsOneCommand) {
     EXPECT_EQ(again.exit_code, 0) << again.output;
     EXPECT_NE(again.output.find("6 already cached, 0 written"), std::string::npos) << again.output;
     // Without data or a cache: one line saying what to give.
-    auto none = sf::test::run_command(kSanaflow + " train --output_dir " + out);
+    auto none = sf::test::run_command(kSanaflow + " train --output_dir " + out + "/refused");
     EXPECT_EQ(none.exit_code, 2);
     EXPECT_NE(none.output.find("give --cache_dir"), std::string::npos) << none.output;
+    EXPECT_FALSE(fs::exists(out + "/refused")) << "the refused run left a folder";
 }
 
 // Upstream's flags that cannot apply are refused with one line each saying why; unknown flags are
