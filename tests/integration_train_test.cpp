@@ -732,6 +732,7 @@ TEST(TrainCli, TheGuidesLaunchLineRunsAsOneCommand) {
         r.output.find("--mixed_precision fp16: this LibTorch has no") != std::string::npos) {
         EXPECT_EQ(r.exit_code, 2) << r.output;
         EXPECT_FALSE(fs::exists(out + "/cache")) << "refused after work began";
+        EXPECT_FALSE(fs::exists(out + "/memory_timeline.json")) << "a refused run's timeline";
         precision = " --mixed_precision bf16";
         r = sf::test::run_command(kSanaflow + " train" + precision + rest);
     }
