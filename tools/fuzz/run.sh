@@ -54,7 +54,8 @@ if [ -x build-fuzz/fuzz_clip ]; then
 fi
 mkdir -p build-fuzz/findings
 # No allocation stacks: ASan's stack depot grows with every new one (a long run of the recursive
-# yaml reader spent 26% of its time storing them; 4202 against 3498 executions/s over 40 s). A finding's full report comes from rerunning it alone:
+# yaml reader spent 26% of its time storing them; 4202 against 3498 executions/s over 40 s).
+# A finding's full report comes from rerunning it alone:
 # ASAN_OPTIONS= build-fuzz/fuzz_<target> build-fuzz/findings/<file>
 export ASAN_OPTIONS="${ASAN_OPTIONS-malloc_context_size=0}"
 
