@@ -2,16 +2,22 @@
 // tests/data/golden-video loads by name and reproduces upstream's forward pass, the per-token
 // timestep (image-to-video) forward, the loss and the gradient of every parameter of a training
 // step; plus the per-frame timestep, the caption mask, gradient checkpointing, the guidance
-// embedder, the config file, bad inputs and the analytic parameter counts.
+// embedder, the chunked self-attention kernel, the config file, bad inputs and the analytic
+// parameter counts.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <set>
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "model/common/autocast.h"
+#include "model/common/linear_attention.h"
 #include "model/common/weights.h"
+#include "model/sana_video/sana_video_blocks.h"
 #include "model/sana_video/sana_video_config.h"
 #include "model/sana_video/sana_video_transformer.h"
 #include "model_golden_util.h"
@@ -82,10 +88,12 @@ TEST(SanaVideoGolden, PerTokenTimestepForwardMatchesUpstream) {
     EXPECT_FALSE(torch::allclose(per_sample, framed, 1e-3, 1e-3));
 }
 
-TEST(SanaVideoGolden, TrainingStepLossAndEveryGradientMatchUpstream) {
-    SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
+// One training step of the golden model, set up by `setup`, against upstream's loss and every
+// gradient.
+void expect_upstream_training_step(const std::function<void(SanaVideoTransformer&)>& setup) {
     SanaVideoTransformer model = load_golden();
     model->train();
+    setup(model);
     auto r = load_ref(ref("transformer_video_train_step.safetensors"));
     const at::Tensor sigma = r.at("sigma").view({-1, 1, 1, 1, 1});
     const at::Tensor x_t = (1 - sigma) * r.at("x0") + sigma * r.at("noise");
@@ -114,6 +122,26 @@ TEST(SanaVideoGolden, TrainingStepLossAndEveryGradientMatchUpstream) {
     for (const auto& [name, tensor] : r) upstream += name.rfind("grad.", 0) == 0;
     EXPECT_EQ(seen.size(), upstream);
     std::printf("[ golden   ] %zu gradients, worst error / tolerance %.3f\n", seen.size(), worst);
+}
+
+TEST(SanaVideoGolden, TrainingStepLossAndEveryGradientMatchUpstream) {
+    SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
+    expect_upstream_training_step([](SanaVideoTransformer&) {});
+}
+
+// The chunked kernels (self-attention over 7 tokens at a time, the last chunk shorter, and the
+// cross-attention's) reproduce upstream's plain ops as closely.
+TEST(SanaVideoGolden, ChunkedAttentionTrainingStepMatchesUpstream) {
+    SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
+    expect_upstream_training_step([](SanaVideoTransformer& model) {
+        model->set_attention(sf::model::AttentionKernel::kChunked, 7);
+        for (const auto& block : model->blocks()) {
+            const auto* attn =
+                dynamic_cast<const sf::model::SanaVideoTransformerBlockImpl*>(block.get());
+            ASSERT_NE(attn, nullptr);
+            EXPECT_EQ(attn->attn1->chunk_tokens, 7);
+        }
+    });
 }
 
 TEST(SanaVideoGolden, PaddedCaptionTokensDoNotReachTheOutput) {
@@ -196,6 +224,93 @@ TEST(SanaVideoTransformer, ChunkedFeedForwardGivesTheSameGradientsWithLessMemory
     }
     model->set_gradient_checkpointing(0);
     expect_invalid([&] { model->set_feed_forward_chunk(-1); }, "feed-forward chunk");
+}
+
+// The rotary linear self-attention over token chunks (rotary_relu_linear_attention): the plain
+// ops' output and gradients in fp32, a lower peak, and under bf16 autocast no further from the
+// fp32 run than the plain ops (whose normaliser is bf16 there).
+TEST(SanaVideoLinearAttention, TokenChunksEqualThePlainOpsWithALowerPeak) {
+    torch::manual_seed(21);
+    sf::model::SanaVideoLinearAttention attn(64, 4, 16, /*bias=*/false, /*qk_norm=*/true, 0.0);
+    const sf::model::VideoGrid grid{4, 32, 32};  // 4096 tokens
+    const auto [cos, sin] = sf::model::sana_video_rotary(16, grid, at::kCPU);
+    const at::Tensor x0 = torch::randn({2, grid.tokens(), 64}), g = torch::randn_like(x0);
+    struct Run {
+        at::Tensor out, grad_x;
+        std::map<std::string, at::Tensor> grads;
+        int64_t peak = 0;
+    };
+    auto run = [&](int64_t chunk, bool bf16) {
+        attn->chunk_tokens = chunk;
+        Run r;
+        const at::Tensor x = x0.clone().requires_grad_(true);
+        sf::mem::reset_peak();
+        const int64_t before = sf::mem::cpu_stats().current;
+        {
+            sf::model::AutocastGuard guard(at::kCPU, at::kBFloat16, bf16);
+            r.out = attn(x, cos, sin);
+            r.out.backward(g);
+        }
+        r.peak = sf::mem::cpu_stats().peak - before;
+        r.grad_x = x.grad();
+        for (const auto& p : attn->named_parameters()) {
+            r.grads[p.key()] = p.value().grad().clone();
+            p.value().mutable_grad() = at::Tensor();
+        }
+        return r;
+    };
+    const Run whole = run(0, false);
+    for (const int64_t chunk : {1000, 512, 4096}) {  // 1000 leaves a short last chunk
+        SCOPED_TRACE("chunk " + std::to_string(chunk));
+        const Run chunked = run(chunk, false);
+        expect_close(chunked.out, whole.out, 1e-5, 1e-5, "out");
+        expect_close(chunked.grad_x, whole.grad_x, 1e-4, 1e-5, "grad x");
+        for (const auto& [name, grad] : whole.grads)
+            expect_close(chunked.grads.at(name), grad, 1e-4, 1e-5, "grad." + name);
+        if (chunk == 512) {
+            std::printf(
+                "[ memory   ] rotary linear attention N 4096, fp32: whole %.1f MB, 512-token "
+                "chunks %.1f MB\n",
+                whole.peak / 1e6, chunked.peak / 1e6);
+            // The kernel keeps q, k, v and the sums; the plain ops also the ReLUs, rotations and
+            // products (measured 0.80 of the whole run's peak, which also holds the projections
+            // and norms both keep).
+            EXPECT_LT(chunked.peak, whole.peak * 85 / 100);
+        }
+    }
+    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+        return ((a.to(at::kFloat) - b).norm() / b.norm()).item<double>();
+    };
+    const Run whole_bf16 = run(0, true), chunked_bf16 = run(1000, true);
+    std::printf(
+        "[ memory   ] rotary linear attention N 4096, bf16: whole %.1f MB, 1000-token chunks "
+        "%.1f MB\n",
+        whole_bf16.peak / 1e6, chunked_bf16.peak / 1e6);
+    EXPECT_LT(chunked_bf16.peak, whole_bf16.peak);
+    EXPECT_LT(rel(chunked_bf16.out, whole.out), 1.5 * rel(whole_bf16.out, whole.out) + 1e-3);
+    EXPECT_LT(rel(chunked_bf16.grad_x, whole.grad_x),
+              1.5 * rel(whole_bf16.grad_x, whole.grad_x) + 1e-3);
+    attn->chunk_tokens = 0;
+}
+
+TEST(SanaVideoLinearAttention, TheKernelRefusesBadArgumentsNamingThem) {
+    using sf::model::rotary_relu_linear_attention;
+    const at::Tensor x = torch::randn({2, 6, 8}), table = torch::randn({6, 2});
+    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 2, 0); }, "chunk");
+    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 3, 4); },
+                   "do not divide");
+    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 8, 4); }, "even");
+    expect_invalid(
+        [&] { rotary_relu_linear_attention(x, x.narrow(1, 0, 5), x, table, table, 2, 4); },
+        "alike");
+    expect_invalid(
+        [&] { rotary_relu_linear_attention(x, x, x, table.narrow(0, 0, 5), table, 2, 4); },
+        "cos and sin");
+    expect_invalid(
+        [&] { rotary_relu_linear_attention(x, x, x, table, table.to(at::kDouble), 2, 4); },
+        "cos and sin");
+    expect_invalid([&] { rotary_relu_linear_attention(x, x, x.to(at::kLong), table, table, 2, 4); },
+                   "floating");
 }
 
 TEST(SanaVideoTransformer, RefusesBadInputsNamingThem) {

@@ -1,4 +1,5 @@
-// Per head and chunk, in the tokens' own layout (no transposing copies): with Q = relu(q),
+// The image kernel, per head and chunk, in the tokens' own layout (no transposing copies): with
+// Q = relu(q),
 // K = relu(k), V [n, d] and V_pad = [V, 1] [n, d + 1],
 //   forward    kvT = sum K^T V_pad ([d, d + 1]: K^T V, and K's column sums for the ones);
 //              O = Q kvT [n, d + 1];  out = O[:, :d] / (O[:, d] + 1e-15)
@@ -13,6 +14,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/shape.h"
@@ -113,6 +116,116 @@ struct ReluLinearAttentionFunction : torch::autograd::Function<ReluLinearAttenti
     }
 };
 
+// The rotary positions of tokens [start, start + n) on x [B, H, n, d] (fp32): each channel pair
+// turned by the table's angle, or back (the transpose) with `back`.
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t start,
+                  bool back = false) {
+    const int64_t n = x.size(2);
+    const at::Tensor c = cos.narrow(0, start, n), s = sin.narrow(0, start, n);  // [n, d / 2]
+    const at::Tensor pairs = x.unflatten(-1, {-1, 2});
+    const at::Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+    const at::Tensor even = back ? x1 * c + x2 * s : x1 * c - x2 * s;
+    const at::Tensor odd = back ? x2 * c - x1 * s : x1 * s + x2 * c;
+    return at::stack({even, odd}, -1).flatten(-2);
+}
+
+// Per head and chunk of n tokens (fp32, [B, H, n, d]), with Q = relu(q), K = relu(k),
+// Qr = rot(Q), Kr = rot(K):
+//   forward    kvT = sum Kr^T V ([d, d]), ksum = sum K ([d]);
+//              O = Qr kvT, r = 1 / (Q ksum + 1e-15) ([n, 1]), out = O r
+//   backward   dO = G r, dr = sum_j (G O)_j, ds = -dr r^2;
+//              dkvT = sum Qr^T dO, dksum = sum Q^T ds, dQ = rot^T(dO kvT^T) + ds ksum^T;
+//              dV = Kr dkvT, dK = rot^T(V dkvT^T) + dksum (each row); the ReLUs pass dQ, dK
+//              where q, k > 0.
+struct RotaryReluLinearAttentionFunction
+    : torch::autograd::Function<RotaryReluLinearAttentionFunction> {
+    static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin,
+                              int64_t heads, int64_t chunk) {
+        NoAutocast no_autocast;
+        const int64_t batch = q.size(0), tokens = q.size(1), d = q.size(2) / heads;
+        const auto f32 = q.options().dtype(at::kFloat);
+        at::Tensor kvt = at::zeros({batch, heads, d, d}, f32);
+        at::Tensor ksum = at::zeros({batch, heads, d, 1}, f32);
+        for (int64_t start = 0; start < tokens; start += chunk) {
+            const int64_t n = std::min(chunk, tokens - start);
+            const at::Tensor keys = at::relu(heads_fp32(k, start, n, heads));
+            kvt.add_(at::matmul(rotate(keys, cos, sin, start).transpose(2, 3),
+                                heads_fp32(v, start, n, heads)));
+            ksum.add_(keys.sum(2).unsqueeze(3));
+        }
+        at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+        for (int64_t start = 0; start < tokens; start += chunk) {
+            const int64_t n = std::min(chunk, tokens - start);
+            const at::Tensor queries = at::relu(heads_fp32(q, start, n, heads));
+            const at::Tensor o = at::matmul(rotate(queries, cos, sin, start), kvt);
+            const at::Tensor r = at::reciprocal(at::matmul(queries, ksum) + 1e-15);  // [.., n, 1]
+            heads_of(out, start, n, heads).copy_(o * r);
+        }
+        ctx->save_for_backward({q, k, v, cos, sin, kvt, ksum});
+        ctx->saved_data["heads"] = heads;
+        ctx->saved_data["chunk"] = chunk;
+        return out;
+    }
+
+    // One slot per forward argument: q, k, v, cos, sin, heads, chunk.
+    static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+        NoAutocast no_autocast;
+        const variable_list saved = ctx->get_saved_variables();
+        const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+        const at::Tensor &cos = saved[3], &sin = saved[4], &kvt = saved[5], &ksum = saved[6];
+        const int64_t heads = ctx->saved_data.at("heads").toInt();
+        const int64_t chunk = ctx->saved_data.at("chunk").toInt();
+        const at::Tensor& grad_out = grad_outputs.at(0);  // [B, N, H * d]
+        const bool want_q = ctx->needs_input_grad(0), want_k = ctx->needs_input_grad(1);
+        const bool want_v = ctx->needs_input_grad(2);
+        const int64_t tokens = q.size(1);
+        const variable_list none(4);  // cos, sin, heads, chunk
+
+        at::Tensor dq = want_q ? at::empty_like(q, at::MemoryFormat::Contiguous) : at::Tensor();
+        at::Tensor dkvt = at::zeros_like(kvt), dksum = at::zeros_like(ksum);
+        for (int64_t start = 0; start < tokens; start += chunk) {
+            const int64_t n = std::min(chunk, tokens - start);
+            const at::Tensor q_pre = heads_fp32(q, start, n, heads);  // [B, H, n, d]
+            const at::Tensor queries = at::relu(q_pre);
+            const at::Tensor rotated = rotate(queries, cos, sin, start);
+            const at::Tensor o = at::matmul(rotated, kvt);
+            const at::Tensor r = at::reciprocal(at::matmul(queries, ksum) + 1e-15);
+            const at::Tensor g = heads_fp32(grad_out, start, n, heads);
+            const at::Tensor d_o = g * r;
+            const at::Tensor d_s = (g * o).sum(3, /*keepdim=*/true).mul_(r).mul_(r).neg_();
+            dkvt.add_(at::matmul(rotated.transpose(2, 3), d_o));
+            dksum.add_(at::matmul(queries.transpose(2, 3), d_s));
+            if (want_q) {
+                at::Tensor d_q = rotate(at::matmul(d_o, kvt.transpose(2, 3)), cos, sin, start,
+                                        /*back=*/true);
+                d_q.add_(d_s * ksum.transpose(2, 3));
+                heads_of(dq, start, n, heads).copy_(at::threshold_backward(d_q, q_pre, 0));
+            }
+        }
+        at::Tensor dk = want_k ? at::empty_like(k, at::MemoryFormat::Contiguous) : at::Tensor();
+        at::Tensor dv = want_v ? at::empty_like(v, at::MemoryFormat::Contiguous) : at::Tensor();
+        if (!want_k && !want_v) return {dq, dk, dv, none[0], none[1], none[2], none[3]};
+        for (int64_t start = 0; start < tokens; start += chunk) {
+            const int64_t n = std::min(chunk, tokens - start);
+            const at::Tensor k_pre = heads_fp32(k, start, n, heads);  // [B, H, n, d]
+            const at::Tensor keys = at::relu(k_pre);
+            if (want_v) {
+                heads_of(dv, start, n, heads)
+                    .copy_(at::matmul(rotate(keys, cos, sin, start), dkvt));
+            }
+            if (want_k) {
+                at::Tensor d_k =
+                    rotate(at::matmul(heads_fp32(v, start, n, heads), dkvt.transpose(2, 3)), cos,
+                           sin, start, /*back=*/true);
+                d_k.add_(dksum.transpose(2, 3));
+                heads_of(dk, start, n, heads).copy_(at::threshold_backward(d_k, k_pre, 0));
+            }
+        }
+        return {dq, dk, dv, none[0], none[1], none[2], none[3]};
+    }
+};
+
 }  // namespace
 
 at::Tensor relu_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -136,6 +249,41 @@ at::Tensor relu_linear_attention(const at::Tensor& q, const at::Tensor& k, const
         bad("q, k and v must share dtype and device");
     }
     return ReluLinearAttentionFunction::apply(q, k, v, heads, chunk);
+}
+
+at::Tensor rotary_relu_linear_attention(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t heads, int64_t chunk) {
+    const auto bad = [](const std::string& what) {
+        throw Error::InvalidArgument("rotary_relu_linear_attention: " + what);
+    };
+    const auto shape = [](const at::Tensor& t) {
+        return t.defined() ? shape_string(t) : std::string("undefined");
+    };
+    if (!q.defined() || !k.defined() || !v.defined() || q.dim() != 3 ||
+        !q.sizes().equals(k.sizes()) || !q.sizes().equals(v.sizes())) {
+        bad(fmt::format("q, k, v must be [B, N, H * d] alike; got {}, {}, {}", shape(q), shape(k),
+                        shape(v)));
+    }
+    if (heads < 1 || q.size(2) % heads != 0 || (q.size(2) / heads) % 2 != 0) {
+        bad(fmt::format("{} heads do not divide the width {} into heads of an even width", heads,
+                        q.size(2)));
+    }
+    const std::vector<int64_t> table = {q.size(1), q.size(2) / heads / 2};
+    if (!cos.defined() || !sin.defined() || !cos.sizes().equals(table) ||
+        !sin.sizes().equals(table) || cos.scalar_type() != at::kFloat ||
+        sin.scalar_type() != at::kFloat) {
+        bad(fmt::format("cos and sin must be fp32 [{}, {}] (tokens, head width / 2); got {}, {}",
+                        table[0], table[1], shape(cos), shape(sin)));
+    }
+    if (chunk < 1) bad(fmt::format("chunk must be at least 1, got {}", chunk));
+    for (const at::Tensor* t : {&k, &v, &cos, &sin}) {
+        if (t->device() != q.device()) bad("q, k, v, cos and sin must share a device");
+    }
+    if (!q.is_floating_point() || !k.is_floating_point() || !v.is_floating_point()) {
+        bad("q, k and v must be floating point");
+    }
+    return RotaryReluLinearAttentionFunction::apply(q, k, v, cos, sin, heads, chunk);
 }
 
 }  // namespace sf::model

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <vector>
 
+#include "model/common/autocast.h"
 #include "model/common/checkpoint.h"
+#include "model/common/linear_attention.h"
 #include "model/common/lora.h"
 #include "model/common/pointwise_conv.h"
 
@@ -84,12 +86,20 @@ SanaVideoLinearAttentionImpl::SanaVideoLinearAttentionImpl(int64_t dim, int64_t 
 at::Tensor SanaVideoLinearAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                                  const at::Tensor& sin) {
     const auto dtype = x.scalar_type();
-    at::Tensor q = apply_linear(to_q, x);
-    at::Tensor k = apply_linear(to_k, x);
-    at::Tensor v = apply_linear(to_v, x);
+    // Under the kernel, cast once for the three projections, not once each (and three copies
+    // kept for backward).
+    const at::Tensor xc = chunk_tokens > 0 ? autocast_cast(x) : x;
+    at::Tensor q = apply_linear(to_q, xc);
+    at::Tensor k = apply_linear(to_k, xc);
+    at::Tensor v = apply_linear(to_v, xc);
     if (norm_q) {
         q = norm_q(q);
         k = norm_k(k);
+    }
+    if (chunk_tokens > 0) {
+        // In q's dtype: under autocast the projection casts it as it would the plain ops' fp32.
+        const at::Tensor out = rotary_relu_linear_attention(q, k, v, cos, sin, heads, chunk_tokens);
+        return out_dropout(apply_linear(out_proj, out));
     }
     q = torch::relu(q.unflatten(2, {heads, -1}));  // [B, N, D] -> [B, N, H, d]
     k = torch::relu(k.unflatten(2, {heads, -1}));

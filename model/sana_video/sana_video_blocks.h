@@ -48,6 +48,11 @@ at::Tensor apply_video_rotary(const at::Tensor& x, const at::Tensor& cos, const 
 // SanaLinearAttnProcessor3_0: q, k (RMSNorm over all heads when configured), ReLU, then rotary
 // positions on q and k. Per head out = (v k_rot^T) q_rot / (sum_j k_j . q + 1e-15): the numerator
 // in fp32, the normaliser from the un-rotated q and k in the input dtype, as upstream.
+//
+// With chunk_tokens n > 0 (the chunked and fused attention kinds) the attention after the
+// projections and norms is one kernel over n tokens at a time (rotary_relu_linear_attention,
+// model/common/linear_attention.h): backward keeps q, k and v only, not their ReLUs, rotations
+// and fp32 copies, and the normaliser is fp32 too. The result is the plain ops' up to rounding.
 struct SanaVideoLinearAttentionImpl : torch::nn::Module {
     SanaVideoLinearAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool bias,
                                  bool qk_norm, double dropout);
@@ -59,6 +64,7 @@ struct SanaVideoLinearAttentionImpl : torch::nn::Module {
     torch::nn::Linear out_proj{nullptr};      // to_out[0]
     torch::nn::Dropout out_dropout{nullptr};  // to_out[1]
     int64_t heads;
+    int64_t chunk_tokens = 0;  // 0: the plain ops over every token at once
 };
 TORCH_MODULE(SanaVideoLinearAttention);
 

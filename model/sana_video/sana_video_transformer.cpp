@@ -239,6 +239,8 @@ void SanaVideoTransformerImpl::set_attention(AttentionKernel kernel, int64_t chu
     for (auto& block : blocks_) {
         block->attn2->attention_kernel = kernel;
         block->attn2->attention_chunk = chunk;
+        // The linear self-attention has no fused kernel: both memory-saving kinds chunk it.
+        block->attn1->chunk_tokens = kernel == AttentionKernel::kDense ? 0 : chunk;
     }
 }
 

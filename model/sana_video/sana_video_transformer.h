@@ -74,7 +74,8 @@ public:
 
     // As SanaTransformerImpl's: 0 off, k the blocks whose index is a multiple of k.
     void set_gradient_checkpointing(int64_t every) override;
-    // The cross-attention kernel of every block (model/chunked_attention.h); kDense by default.
+    // The cross-attention kernel of every block (model/chunked_attention.h), kDense by default;
+    // kChunked and kFused also run the linear self-attention over `chunk` tokens at a time.
     void set_attention(AttentionKernel kernel, int64_t chunk = 1024) override;
     // SanaVideoFeedForwardImpl::chunk_frames of every block; negative is kInvalidArgument.
     void set_feed_forward_chunk(int64_t frames) override;
