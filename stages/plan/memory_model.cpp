@@ -200,7 +200,7 @@ const std::vector<std::string> kFeatureNames = {
     "trainable parameters",
     "parameters",
     "m x chunk x T x cross heads (chunked cross-attention)",
-    "m x chunk x D (chunked self-attention)",
+    "m x chunk x D (chunked self-attention, image or video)",
     "m x one chunk's tokens (ff rows + 2 halo rows, or ff frames) x ff width (chunked "
     "feed-forward)",
     "blocks",
@@ -226,16 +226,15 @@ std::vector<double> step_features(const PlanShape& shape, const PlanRemedies& r,
     const double ckpt = static_cast<double>(checkpointed_blocks(c.layers, r));
     const double plain = blocks - ckpt;
     // What the models do with the chunk sizes (sana_blocks.cpp, sana_video_blocks.cpp): the
-    // cross-attention runs its chunked kernel at any chunk, and so does the image transformer's
-    // linear self-attention (the video transformer's runs whole). The feed-forward runs whole
+    // cross-attention runs its chunked kernel at any chunk, and so does the linear self-attention
+    // (the video transformer's with its rotary positions). The feed-forward runs whole
     // when one chunk holds every row (image: a chunk of rows needs one row of halo on each side)
     // or frame (video: the temporal convolution runs after the chunks, on the D-wide result).
     const bool chunked = r.chunked_attention();
     const double dense = chunked ? 0.0 : 1.0;
     const double chunk = chunked ? static_cast<double>(std::min(r.attention_chunk, tokens)) : 0.0;
-    const bool self_chunked = chunked && !c.video;
-    const double self_whole = self_chunked ? 0.0 : 1.0;
-    const double self_chunk = self_chunked ? chunk : 0.0;
+    const double self_whole = chunked ? 0.0 : 1.0;
+    const double self_chunk = chunk;
     const int64_t ff_units = c.video ? c.frames : rows;
     const bool ff_chunked = r.ff_chunk_size > 0 && r.ff_chunk_size < ff_units;
     const double ff_whole = ff_chunked ? 0.0 : 1.0;
