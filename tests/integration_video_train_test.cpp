@@ -1,14 +1,18 @@
 // Training on video windows (issue: video training): generated clips -> prep through the Wan VAE
 // -> train. The cache's [C, f, h, w] latents select the SANA-Video transformer; its loss falls;
 // its weights and config are saved in diffusers' layout; LoRA adapters carry diffusers' SANA-Video
-// keys and leave the base untouched; a resumed run ends where an uninterrupted one does; an image
-// transformer's config on a video cache is refused naming both.
+// keys and leave the base untouched; a resumed run ends where an uninterrupted one does;
+// validation writes videos; an image transformer's config on a video cache is refused naming both.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
 #include <thread>
 
 #include "core/error.h"
@@ -17,6 +21,7 @@
 #include "model/sana/sana_config.h"
 #include "pipelines/prep/prep.h"
 #include "pipelines/train/train.h"
+#include "stages/video/decode_video.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 #include "test_util.h"
@@ -222,6 +227,78 @@ TEST(TrainVideoIntegration, AutoFitPlansAVideoRunUnderItsBudget) {
     EXPECT_TRUE(report.out_of_memory_changes.empty()) << report.out_of_memory_changes.front();
     EXPECT_EQ(report.steps, 2);
     EXPECT_LE(sf::test::step_peak(fitted.output_dir), budget);
+}
+
+// Validation on a video cache: each prompt's videos sampled from the transformer as it trains,
+// decoded by the Wan VAE prep encoded with, written as MP4 clips of the window's frames that
+// libav reads back, and a grid of their first, middle and last frames; training draws what it
+// would draw without validating.
+TEST(TrainVideoIntegration, ValidationWritesEachPromptsVideosWithoutChangingTheTraining) {
+    REQUIRE_FFMPEG();
+    TempDir tmp("sf_video_validation");
+    write_clips(tmp.path() / "data");
+    auto prep = sf::test::video_options(tmp);
+    const std::vector<std::string> prompts = {"a test pattern", "a slow sunset"};
+    prep.validation_prompts = prompts;
+    sf::pipelines::run_prep(prep);
+
+    TrainOptions o = video_train_options(tmp.file("with"));
+    o.cache_dir = tmp.file("cache");
+    o.max_train_steps = 2;
+    o.validation_prompts = prompts;
+    o.num_validation_images = 2;
+    o.validation_steps = 1;
+    o.validation_inference_steps = 2;
+    const auto with = sf::pipelines::run_train(o);
+    TrainOptions plain = o;
+    plain.validation_prompts.clear();
+    plain.output_dir = tmp.file("without");
+    EXPECT_EQ(with.losses, sf::pipelines::run_train(plain).losses)
+        << "validation changed what training drew";
+    ASSERT_EQ(with.validation_dirs, (std::vector<std::string>{tmp.file("with/validation/step-1"),
+                                                              tmp.file("with/validation/step-2")}));
+
+    // The cache's windows: 5 frames (2 latent frames), at the bucket's size.
+    const sf::stages::DecodeVideoStage reader(sf::stages::DecodeVideoConfig{});
+    const sf::stages::ClipInfo like =
+        reader.probe(with.validation_dirs[0] + "/prompt-0-video-0.mp4");
+    const int w = like.width, h = like.height;
+    EXPECT_EQ(w % 8, 0);
+    EXPECT_EQ(h % 8, 0);
+    EXPECT_GE(std::min(w, h), 32) << "prep's --min_side";
+    std::vector<cv::Mat> grids;
+    for (const std::string& dir : with.validation_dirs) {
+        size_t files = 0;
+        for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
+        EXPECT_EQ(files, 5u) << dir << ": 2 prompts x 2 videos and the grid";
+        for (int p = 0; p < 2; ++p) {
+            for (int i = 0; i < 2; ++i) {
+                const std::string path = fmt::format("{}/prompt-{}-video-{}.mp4", dir, p, i);
+                ASSERT_TRUE(fs::exists(path)) << path;
+                const sf::stages::ClipInfo info = reader.probe(path);
+                EXPECT_EQ(info.width, w) << path;
+                EXPECT_EQ(info.height, h) << path;
+                EXPECT_EQ(info.frame_count, 5) << path;
+            }
+        }
+        grids.push_back(cv::imread(dir + "/grid.png"));
+        const cv::Mat& grid = grids.back();
+        ASSERT_FALSE(grid.empty());
+        ASSERT_EQ(grid.rows, 2 * h) << "a row per prompt";
+        ASSERT_EQ(grid.cols, 2 * 3 * w) << "three frames of each video";
+        const cv::Rect first(0, 0, 3 * w, h);
+        EXPECT_GT(cv::norm(grid(first), grid(first + cv::Point(0, h)), cv::NORM_L1), 0)
+            << "the prompt does nothing";
+        EXPECT_GT(cv::norm(grid(first), grid(first + cv::Point(3 * w, 0)), cv::NORM_L1), 0)
+            << "one noise for two videos";
+    }
+    EXPECT_GT(cv::norm(grids[0], grids[1], cv::NORM_L1), 0) << "step 2 sampled step 1's weights";
+
+    TrainOptions tiled = o;
+    tiled.validation_vae_tiling = true;
+    tiled.output_dir = tmp.file("tiled");
+    sf::test::expect_error([&] { sf::pipelines::run_train(tiled); },
+                           sf::ErrorCode::kInvalidArgument, "--enable_vae_tiling");
 }
 
 TEST(TrainVideoIntegration, AnImageTransformerConfigOnAVideoCacheIsRefused) {

@@ -10,6 +10,8 @@
 #if defined(SANAFLOW_WITH_MEDIA)
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+
+#include "stages/video/clip_writer.h"
 #endif
 
 #include "core/check.h"
@@ -30,12 +32,15 @@ namespace fs = std::filesystem;
 namespace schema = storage::schema;
 namespace {
 
+// Validation videos play at SANA-Video's rate (the cache does not keep the clips' own).
+constexpr int kVideoFps = 16;
+
 // The VAE that encoded the cache: the pretrained root's vae/ when it has one, else the built-in
-// DC-AE prep draws from the same seed.
-stages::ModelSource validation_vae(const TrainOptions& o) {
+// one prep draws from the same seed (DC-AE for images, the Wan VAE for video latents).
+stages::ModelSource validation_vae(const TrainOptions& o, bool video) {
     const std::string& root = o.pretrained_model_name_or_path;
     if (!root.empty() && fs::is_directory(fs::path(root) / "vae")) return {root, "", o.seed};
-    return {"", "dc-ae-tiny", o.seed};
+    return {"", video ? "wan-vae-tiny" : "dc-ae-tiny", o.seed};
 }
 
 // The bucket with the most samples (the first by name among equals): the shape the run trains on.
@@ -64,6 +69,27 @@ void write_png(const std::string& path, const cv::Mat& image) {
     if (!cv::imwrite(path, image))
         throw Error::IOError(fmt::format("validation: could not write {}", path));
 }
+
+// [3, T, H, W] uint8 RGB frames -> an MPEG-4 clip at `path`.
+void write_video(const std::string& path, const at::Tensor& frames) {
+    const at::Tensor thwc = frames.permute({1, 2, 3, 0}).contiguous();  // [T, H, W, 3]
+    const int height = static_cast<int>(thwc.size(1)), width = static_cast<int>(thwc.size(2));
+    stages::ClipWriter clip(path, width, height, kVideoFps);
+    for (int64_t t = 0; t < thwc.size(0); ++t)
+        clip.push_rgb(thwc[t].data_ptr<uint8_t>(), width * 3);
+    clip.finish();
+}
+
+// A video's cell of the grid: its first, middle and last frames side by side (BGR).
+cv::Mat frame_strip(const at::Tensor& frames) {
+    const int64_t last = frames.size(1) - 1;
+    std::vector<cv::Mat> picked;
+    for (const int64_t t : {int64_t{0}, last / 2, last})
+        picked.push_back(to_bgr(frames.select(1, t)));
+    cv::Mat strip;
+    cv::hconcat(picked, strip);
+    return strip;
+}
 #endif
 
 }  // namespace
@@ -90,10 +116,11 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
         throw Error::InvalidArgument(
             fmt::format("--validation_guidance_scale must be a finite number >= 0, got {:g}",
                         o.validation_guidance_scale));
-    if (set.latent_rank() != 3) {
+    video_ = set.latent_rank() == 4;
+    if (video_ && o.validation_vae_tiling) {
         throw Error::InvalidArgument(
-            "--validation_prompt: validation samples images; this cache holds video latents (the "
-            "Wan VAE's), whose decoder validation does not load yet");
+            "--enable_vae_tiling: this cache holds video latents, and the Wan VAE's tiled decode "
+            "is not built (validation decodes its frames whole)");
     }
     for (const auto& prompt : prompts_) {
         at::Tensor f = set.validation_prompt(prompt);
@@ -111,8 +138,9 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
             "--validation_guidance_scale > 1 needs the empty prompt's features: rerun prep");
     if (empty_.defined()) empty_ = empty_.to(at::kFloat);
 
-    vae_ = validation_vae(o);
-    const auto stored = cache.fingerprint(schema::kEncodeVAEStage);
+    vae_ = validation_vae(o, video_);
+    const auto stored =
+        cache.fingerprint(video_ ? schema::kEncodeVideoVAEStage : schema::kEncodeVAEStage);
     const std::string weights = stages::weights_fingerprint(vae_, "vae");
     if (!stored || stored->count("weights") == 0 || stored->at("weights") != weights) {
         throw Error::InvalidArgument(fmt::format(
@@ -125,10 +153,12 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
     at::Generator gen = at::detail::createCPUGenerator(0);
     const train::TrainingBatch one = set.load({set.buckets().at(bucket_).front()}, 0, gen);
     latent_channels_ = one.latents.size(1);
-    ratio_ = bucket_.height / one.latents.size(2);
+    latent_frames_ = video_ ? one.latents.size(2) : 1;
+    ratio_ = bucket_.height / one.latents.size(-2);
     log_info(
-        "train: validation: {} image(s) of {} prompt(s) at {}x{}, {} Euler steps, guidance {:g}",
-        o.num_validation_images, prompts_.size(), bucket_.height, bucket_.width,
+        "train: validation: {} {}(s) of {} prompt(s) at {}{}x{}, {} Euler steps, guidance {:g}",
+        o.num_validation_images, video_ ? "video" : "image", prompts_.size(),
+        video_ ? fmt::format("{} frames of ", bucket_.frames) : "", bucket_.height, bucket_.width,
         o.validation_inference_steps, o.validation_guidance_scale);
 }
 
@@ -172,8 +202,9 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
             const sample::Velocity v =
                 sample::guided_velocity(model, caption, mask, empty, o_.validation_guidance_scale);
             for (int64_t i = 0; i < o_.num_validation_images; ++i) {
-                const at::Tensor noise =
-                    at::randn({1, latent_channels_, h, w}, gen, at::TensorOptions(at::kFloat));
+                std::vector<int64_t> sizes = {1, latent_channels_, h, w};
+                if (video_) sizes.insert(sizes.begin() + 2, latent_frames_);
+                const at::Tensor noise = at::randn(sizes, gen, at::TensorOptions(at::kFloat));
                 latents.push_back(sample::euler_sample(v, noise.to(device_), sigmas).to(at::kCPU));
             }
         }
@@ -186,18 +217,28 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
     // Decoding: the VAE's decoder on the device for this moment only.
     std::vector<cv::Mat> rows;
     {
-        sample::LatentDecoder decoder(vae_, device_);
+        sample::LatentDecoder decoder(
+            vae_, device_,
+            video_ ? sample::LatentDecoder::Kind::kWan : sample::LatentDecoder::Kind::kDcAe);
         const size_t n = static_cast<size_t>(o_.num_validation_images);
         for (size_t p = 0; p < features_.size(); ++p) {
             std::vector<cv::Mat> row;
             for (size_t i = 0; i < n; ++i) {
-                const cv::Mat image =
-                    to_bgr(decoder.decode(latents[p * n + i], o_.validation_vae_tiling)[0]);
+                const at::Tensor pixels =
+                    decoder.decode(latents[p * n + i], o_.validation_vae_tiling)[0];
                 const std::string path =
-                    (fs::path(result.dir) / fmt::format("prompt-{}-image-{}.png", p, i)).string();
-                write_png(path, image);
+                    (fs::path(result.dir) / fmt::format("prompt-{}-{}-{}.{}", p,
+                                                        video_ ? "video" : "image", i,
+                                                        video_ ? "mp4" : "png"))
+                        .string();
+                if (video_) {
+                    write_video(path, pixels);
+                    row.push_back(frame_strip(pixels));
+                } else {
+                    row.push_back(to_bgr(pixels));
+                    write_png(path, row.back());
+                }
                 result.images.push_back(path);
-                row.push_back(image);
             }
             cv::Mat joined;
             cv::hconcat(row, joined);
@@ -212,8 +253,8 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
                                      : mem::cpu_stats().peak,
                    mem::peak_rss_bytes()};
     mem::release_memory("validation end");
-    log_info("train: validation at step {}: {} image(s) in {} (peak {})", step,
-             result.images.size(), result.dir, format_bytes(result.peak.tensor_bytes));
+    log_info("train: validation at step {}: {} {}(s) in {} (peak {})", step, result.images.size(),
+             video_ ? "video" : "image", result.dir, format_bytes(result.peak.tensor_bytes));
     return result;
 }
 

@@ -2,7 +2,9 @@
 // every --validation_epochs epochs (at the end of each 0-based epoch e with e % k == 0), or every
 // --validation_steps steps, and after the last step, --num_validation_images images of each
 // --validation_prompt under OUTPUT_DIR/validation/step-N/ (prompt-P-image-I.png and grid.png:
-// a row per prompt).
+// a row per prompt). On a cache of video latents, videos of the largest bucket's window instead:
+// prompt-P-video-I.mp4 (MPEG-4 at 16 fps, decoded by the Wan VAE), and in grid.png each video's
+// first, middle and last frames.
 //
 // The prompts' features come from the cache (prep encodes them), so no text encoder is loaded.
 // Each image is sampled alone (upstream's loop) from noise seeded by --seed, the same noise at
@@ -31,15 +33,15 @@ namespace sf::pipelines::training {
 
 struct ValidationResult {
     std::string dir;
-    std::vector<std::string> images;  // the PNGs of the samples, grid.png not among them
+    std::vector<std::string> images;  // the samples' PNGs (or MP4s), grid.png not among them
     train::PhasePeak peak;
 };
 
 class Validator {
 public:
-    // Checked before the first step: an image cache (video validation needs the Wan decoder:
-    // refused), every prompt and the empty prompt in the cache, and a VAE whose weights encoded
-    // the cache (`pretrained`'s vae/, else the built-in DC-AE from --seed).
+    // Checked before the first step: every prompt and the empty prompt in the cache, a VAE whose
+    // weights encoded the cache (`pretrained`'s vae/, else the built-in DC-AE or Wan VAE from
+    // --seed), and no --enable_vae_tiling on video latents.
     // kInvalidArgument naming the flag or the missing record.
     Validator(const TrainOptions& o, const train::TrainingSet& set, storage::Cache cache,
               int64_t steps_per_epoch, c10::Device device);
@@ -57,7 +59,8 @@ private:
     std::vector<at::Tensor> features_;  // [n, hidden] each
     at::Tensor empty_;
     train::Bucket bucket_;
-    int64_t latent_channels_ = 0, ratio_ = 0, steps_per_epoch_ = 1;
+    int64_t latent_channels_ = 0, latent_frames_ = 1, ratio_ = 0, steps_per_epoch_ = 1;
+    bool video_ = false;  // the cache holds the Wan VAE's [C, f, h, w] latents
     stages::ModelSource vae_;
     c10::Device device_;
 };

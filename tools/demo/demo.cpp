@@ -20,7 +20,7 @@ using pipelines::TrainOptions;
 
 // The demo's video part: generated clips -> prep through the Wan VAE into 9-frame windows -> 20
 // steps of the tiny SANA-Video transformer with image-to-video batches and the chunked
-// feed-forward.
+// feed-forward -> a validation video of one caption, decoded by the same Wan VAE.
 void run_demo_video(const fs::path& root) {
     const fs::path clips = root / "clips";
     sf::tools::write_demo_clips(clips.string(), 2, 18, /*seed=*/1234);
@@ -32,10 +32,13 @@ void run_demo_video(const fs::path& root) {
     o.vae_kind = "wan";
     o.windows.frame_extraction = sf::stages::FrameExtraction::kChunk;
     o.windows.target_frames = {9};
+    const std::string prompt = "a sliding gradient, clip number 0";
+    o.validation_prompts = {prompt};
     std::cout << "\n== 2 generated clips of 18 frames; sanaflow prep --instance_data_dir "
               << o.instance_data_dir << " --cache_dir " << o.cache_dir
               << " --resolution 512 --min_side 32 --vae wan --frame_extraction chunk "
-                 "--target_frames 9\n";
+                 "--target_frames 9 --validation_prompt \""
+              << prompt << "\"\n";
     std::cout << sf::pipelines::run_prep(o).table();
 
     TrainOptions t;
@@ -50,11 +53,18 @@ void run_demo_video(const fs::path& root) {
     t.gradient_checkpointing = 1;
     t.i2v_probability = 0.3;
     t.ff_chunk_size = 1;
+    t.validation_prompts = {prompt};
+    t.num_validation_images = 1;
+    t.validation_steps = 20;
+    t.validation_inference_steps = 10;
     std::cout << "\n== sanaflow train --cache_dir " << t.cache_dir << " --output_dir "
               << t.output_dir
               << " --full_finetune --max_train_steps 20 --train_batch_size 2 --learning_rate 1e-3 "
                  "--lr_warmup_steps 0 --gradient_checkpointing --i2v_probability 0.3 "
-                 "--ff_chunk_size 1 --checkpointing_steps 0\n";
+                 "--ff_chunk_size 1 --checkpointing_steps 0 --validation_prompt \""
+              << prompt
+              << "\" --num_validation_images 1 --validation_steps 20 "
+                 "--validation_inference_steps 10\n";
     std::cout << sf::pipelines::run_train(t).summary();
 }
 
