@@ -236,6 +236,69 @@ TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
     }
 }
 
+// --lora_dropout (peft's lora_dropout): the adapters' input is dropped in training, so the steps
+// differ from a run without it; its masks come from the generators a checkpoint keeps, so a
+// resumed run ends bit-identical to an uninterrupted one; the rate is a setting of the checkpoint.
+TEST(TrainIntegration, LoRADropoutChangesTheStepsAndResumesExactly) {
+    TempDir out("sf_train_lora_dropout");
+    auto o = train_options(out.file("whole"));
+    o.rank = 4;
+    o.lora_dropout = 0.3;
+    o.max_train_steps = 4;
+    o.checkpointing_steps = 2;
+    const auto whole = sf::pipelines::run_train(o);
+    auto plain = o;
+    plain.lora_dropout = 0;
+    plain.output_dir = out.file("plain");
+    const auto without = sf::pipelines::run_train(plain);
+    ASSERT_EQ(whole.losses.size(), 4u);
+    // Step 1 is the same either way (lora_B starts at zero: the adapters add nothing yet).
+    EXPECT_EQ(whole.losses[0], without.losses[0]);
+    EXPECT_NE(whole.losses, without.losses) << "--lora_dropout changed nothing";
+
+    auto split = o;
+    split.output_dir = out.file("split");
+    split.max_train_steps = 2;
+    sf::pipelines::run_train(split);
+    split.max_train_steps = 4;
+    split.resume_from_checkpoint = "latest";
+    const auto resumed = sf::pipelines::run_train(split);
+    EXPECT_EQ(resumed.losses, whole.losses);
+    EXPECT_EQ(sf::test::read_file(resumed.weights_path), sf::test::read_file(whole.weights_path));
+
+    split.lora_dropout = 0.1;
+    split.max_train_steps = 6;
+    sf::test::expect_error([&] { sf::pipelines::run_train(split); },
+                           sf::ErrorCode::kInvalidArgument, "lora_dropout");
+    auto full = train_options(out.file("full"));
+    full.lora_dropout = 0.1;
+    sf::test::expect_error([&] { sf::pipelines::run_train(full); }, sf::ErrorCode::kInvalidArgument,
+                           "--lora_dropout");
+    o.lora_dropout = 1.0;
+    o.output_dir = out.file("one");
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kInvalidArgument,
+                           "--lora_dropout");
+}
+
+// --repeats with --num_train_epochs: an epoch is that many passes over the cache, so the run
+// takes that many times the steps; the count is a setting of the checkpoint.
+TEST(TrainIntegration, RepeatsMakeEachEpochThatManyPasses) {
+    TempDir out("sf_train_repeats");
+    auto o = train_options(out.file("once"));
+    o.max_train_steps = 0;  // --num_train_epochs 1
+    o.checkpointing_steps = 4;
+    const auto once = sf::pipelines::run_train(o);
+    EXPECT_EQ(once.losses.size(), 4u) << "8 samples in batches of 2";
+    o.repeats = 3;
+    o.output_dir = out.file("thrice");
+    const auto thrice = sf::pipelines::run_train(o);
+    EXPECT_EQ(thrice.losses.size(), 12u);
+    o.repeats = 2;
+    o.resume_from_checkpoint = "latest";
+    sf::test::expect_error([&] { sf::pipelines::run_train(o); }, sf::ErrorCode::kInvalidArgument,
+                           "repeats: checkpoint has 3");
+}
+
 TEST(TrainCli, HelpAndBadFlags) {
     auto help = sf::test::run_command(kSanaflow + " train --help");
     EXPECT_EQ(help.exit_code, 0);
@@ -580,6 +643,7 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     const Row rows[] = {
         {"--rank", static_cast<double>(t.rank), 4},
         {"--lora_alpha", t.lora_alpha, 4},
+        {"--lora_dropout", t.lora_dropout, 0.0},
         {"--learning_rate", t.learning_rate, 1e-4},
         {"--lr_warmup_steps", static_cast<double>(t.lr_warmup_steps), 500},
         {"--lr_num_cycles", static_cast<double>(t.lr_num_cycles), 1},
@@ -591,6 +655,7 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
         {"--max_grad_norm", t.max_grad_norm, 1.0},
         {"--train_batch_size", static_cast<double>(t.train_batch_size), 4},
         {"--num_train_epochs", static_cast<double>(t.num_train_epochs), 1},
+        {"--repeats", static_cast<double>(t.repeats), 1},
         {"--gradient_accumulation_steps", static_cast<double>(t.gradient_accumulation_steps), 1},
         {"--checkpointing_steps", static_cast<double>(t.checkpointing_steps), 500},
         {"--resolution", static_cast<double>(p.resolution), 512},
@@ -813,6 +878,20 @@ TEST(TrainCli, RefusedAndUnknownFlagsAreNamedAllAtOnce) {
     EXPECT_EQ(quiet.exit_code, 0) << quiet.output;
     EXPECT_NE(quiet.output.find("trained 1 steps"), std::string::npos) << quiet.output;
     EXPECT_EQ(quiet.output.find(" info]"), std::string::npos) << quiet.output;
+    // --local_rank as torch.distributed.launch passes it (either spelling); the environment's
+    // LOCAL_RANK wins, as upstream.
+    for (const std::string flag : {"--local_rank 0", "--local-rank=0"}) {
+        auto local =
+            sf::test::run_command(kSanaflow + " train " + flag + " --cache_dir " + shared_cache() +
+                                  " --max_train_steps 1 --output_dir " + tmp.file("local") + " -q");
+        EXPECT_EQ(local.exit_code, 0) << flag << ": " << local.output;
+    }
+    auto env_wins = sf::test::run_command("LOCAL_RANK=0 " + kSanaflow +
+                                          " train --local_rank 1 --cache_dir " + shared_cache() +
+                                          " --max_train_steps 1 --output_dir " + tmp.file("env"));
+    EXPECT_EQ(env_wins.exit_code, 0) << env_wins.output;
+    EXPECT_NE(env_wins.output.find("--local_rank 1: LOCAL_RANK=0 wins"), std::string::npos)
+        << env_wins.output;
     auto bogus = sf::test::run_command(kSanaflow + " bogus");
     EXPECT_EQ(bogus.exit_code, 2) << bogus.output;
 }

@@ -264,6 +264,39 @@ TEST(FlowMatching, WeightingSchemesDrawAndWeighAsUpstream) {
     }
 }
 
+// --repeats: an epoch hands out every sample that many times, in batches of one bucket; the
+// copies are shuffled in with the others rather than following each other.
+TEST(BucketSampler, RepeatedSamplesComeThatManyTimesAnEpoch) {
+    using sf::train::Bucket;
+    const std::map<Bucket, std::vector<int64_t>> buckets = {{Bucket{1, 512, 512}, {0, 1, 2, 3, 4}},
+                                                            {Bucket{21, 480, 832}, {5, 6, 7}}};
+    const auto repeated = sf::train::repeat_samples(buckets, 3);
+    sf::train::BucketSampler sampler(repeated, 2, 9);
+    EXPECT_EQ(sampler.batches_per_epoch(), 8 + 5);  // 15 / 2 and 9 / 2, rounded up
+    for (int epoch = 0; epoch < 2; ++epoch) {
+        std::multiset<int64_t> seen;
+        std::vector<int64_t> order;
+        for (int b = 0; b < sampler.batches_per_epoch(); ++b) {
+            const auto batch = sampler.next();
+            for (int64_t i : batch) {
+                EXPECT_EQ(i < 5, batch.front() < 5) << "a batch mixes buckets";
+                seen.insert(i);
+                order.push_back(i);
+            }
+        }
+        for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(seen.count(i), 3u) << "sample " << i;
+        // Shuffled: not every copy straight after the one before.
+        int adjacent = 0;
+        for (size_t k = 1; k < order.size(); ++k) adjacent += order[k] == order[k - 1];
+        EXPECT_LT(adjacent, 8) << "epoch " << epoch;
+    }
+    EXPECT_EQ(sf::train::repeat_samples(buckets, 1), buckets);
+    sf::test::expect_error([&] { sf::train::repeat_samples(buckets, 0); },
+                           sf::ErrorCode::kInvalidArgument, "--repeats");
+    sf::test::expect_error([&] { sf::train::repeat_samples(buckets, 20'000'000); },
+                           sf::ErrorCode::kInvalidArgument, "--repeats 20000000 over 8 samples");
+}
+
 TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
     using sf::train::Bucket;
     std::map<Bucket, std::vector<int64_t>> buckets = {{Bucket{1, 512, 512}, {0, 1, 2, 3, 4}},

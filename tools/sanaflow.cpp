@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -194,6 +196,7 @@ struct Cli {
     bool verify = false;
     int demo_images = 24;
     int nproc_per_node = 1;         // prep and train: ranks this process starts itself
+    int local_rank = -1;            // prep and train: the legacy launcher's --local_rank
     std::vector<std::string> argv;  // as given, for those ranks
     CLI::App *prep_cmd = nullptr, *inspect_cmd = nullptr, *train_cmd = nullptr, *plot_cmd = nullptr,
              *models_cmd = nullptr, *demo_cmd = nullptr, *plan_cmd = nullptr;
@@ -241,6 +244,11 @@ void define_commands(Cli& c) {
                         "--nproc_per_node N --no-python would); ignored by a rank that a "
                         "launcher started")
             ->check(integer_in(1, 1024))
+            ->capture_default_str();
+        cmd->add_option("--local_rank,--local-rank", c.local_rank,
+                        "this process's rank on its machine, as torch.distributed.launch passes "
+                        "it; LOCAL_RANK in the environment wins, as upstream (torchrun sets it)")
+            ->check(integer_in(-1, 1 << 20))
             ->capture_default_str();
     }
 
@@ -307,7 +315,20 @@ std::optional<int> parse(Cli& c, int argc, char** argv) {
     return std::nullopt;
 }
 
+// --local_rank as upstream's scripts read it: a LOCAL_RANK in the environment wins; without one,
+// the flag is the local rank (the rest of the launch comes from RANK, WORLD_SIZE and MASTER_*).
+void apply_local_rank(int local_rank) {
+    const std::string flag = std::to_string(local_rank);
+    if (const char* env = std::getenv("LOCAL_RANK"); env != nullptr && *env != '\0') {
+        if (flag != env)
+            sf::log_info("--local_rank {}: LOCAL_RANK={} wins, as upstream", flag, env);
+        return;
+    }
+    ::setenv("LOCAL_RANK", flag.c_str(), /*overwrite=*/0);
+}
+
 int run(const Cli& c) {
+    if (c.local_rank >= 0) apply_local_rank(c.local_rank);
     if (c.nproc_per_node > 1 && (*c.prep_cmd || *c.train_cmd)) {
         if (!sf::distributed::launch_env().distributed())
             return sf::distributed::run_local_ranks(c.argv, c.nproc_per_node);

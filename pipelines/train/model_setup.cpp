@@ -133,6 +133,7 @@ std::shared_ptr<model::DiffusionTransformer> build_transformer(const TrainOption
         lora.rank = o.rank;
         lora.alpha = o.lora_alpha > 0 ? o.lora_alpha : static_cast<double>(o.rank);
         lora.targets = split_csv(o.lora_target_modules);
+        lora.dropout = o.lora_dropout;
         model::add_lora(transformer->module(), lora);
         // The frozen base needs no fp32 master copy: kept in the autocast dtype it takes half the
         // memory, and autocast would cast it to that dtype for every matmul anyway.
@@ -187,6 +188,8 @@ std::map<std::string, std::string> run_settings(const TrainOptions& o, const std
         settings["joint_training_interval"] = std::to_string(o.joint_training_interval);
     if (o.i2v_probability > 0) settings["i2v_probability"] = fmt::format("{}", o.i2v_probability);
     if (!o.chunk_index.empty()) settings["chunk_index"] = o.chunk_index;
+    if (o.lora_dropout > 0) settings["lora_dropout"] = fmt::format("{}", o.lora_dropout);
+    if (o.repeats != 1) settings["repeats"] = std::to_string(o.repeats);
     // The optimizer's and schedules' later settings, where not their defaults (likewise).
     if (o.weighting_scheme == "logit_normal") {
         settings["logit_mean"] = fmt::format("{}", o.logit_mean);

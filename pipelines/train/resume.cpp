@@ -1,5 +1,6 @@
 // What a training checkpoint captures of a run, and how a run resumes from one exactly: weights,
-// optimizer and scaler state, the sampler's position and both random generators.
+// optimizer and scaler state, the sampler's position and the random generators (the CPU's
+// default, the data's, and on a GPU the device's).
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,6 +30,8 @@ train::TrainState capture_state(const RunParts& run, const std::vector<double>& 
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
     state.rng["default"] = global.get_state();
     state.rng["data"] = run.data_gen.get_state();
+    if (run.device.is_cuda())
+        state.rng["cuda"] = at::globalContext().defaultGenerator(run.device).get_state();
     state.losses = losses;
     return state;
 }
@@ -93,6 +96,11 @@ std::vector<double> restore_state(const std::string& dir, const RunParts& run,
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
     global.set_state(default_rng);
     run.data_gen.set_state(data_rng);
+    // A checkpoint from a CPU run resumed on a GPU has none: that generator starts from the seed.
+    if (const auto it = state.rng.find("cuda"); it != state.rng.end() && run.device.is_cuda()) {
+        at::Generator device_gen = at::globalContext().defaultGenerator(run.device);
+        device_gen.set_state(it->second);
+    }
     return state.losses;
 }
 

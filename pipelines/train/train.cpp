@@ -69,6 +69,9 @@ void validate(const TrainOptions& o) {
         throw Error::InvalidArgument(
             fmt::format("--max_train_steps must be >= 1 (or 0: --num_train_epochs), got {}",
                         o.max_train_steps));
+    if (o.repeats < 1 || o.repeats > 10'000)
+        throw Error::InvalidArgument(
+            fmt::format("--repeats must be in [1, 10000], got {}", o.repeats));
     if (o.num_train_epochs < 1 || o.num_train_epochs > kMaxEpochs)
         throw Error::InvalidArgument(fmt::format("--num_train_epochs must be in [1, {}], got {}",
                                                  kMaxEpochs, o.num_train_epochs));
@@ -89,6 +92,11 @@ void validate(const TrainOptions& o) {
     check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
     check_number("--flow_shift", o.flow_shift, std::numeric_limits<double>::min(), inf, "> 0");
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
+    check_number("--lora_dropout", o.lora_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
+    if (o.lora_dropout > 0 && o.rank == 0) {
+        throw Error::InvalidArgument(
+            "--lora_dropout drops the LoRA adapters' input; a full fine-tune (--rank 0) has none");
+    }
     check_number("--caption_dropout", o.caption_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
     if (o.log_every < 1) throw Error::InvalidArgument("--log_every must be >= 1");
     if (o.report_to != "tensorboard" && o.report_to != "none") {
@@ -150,11 +158,12 @@ struct Samplers {
 
 Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
     Samplers s;
+    const auto buckets = train::repeat_samples(set.buckets(), o.repeats);
     if (o.joint_training_interval == 0) {
-        s.main = std::make_unique<train::BucketSampler>(set.buckets(), o.train_batch_size, o.seed);
+        s.main = std::make_unique<train::BucketSampler>(buckets, o.train_batch_size, o.seed);
         return s;
     }
-    const train::FrameSplit split = train::split_by_frames(set.buckets());
+    const train::FrameSplit split = train::split_by_frames(buckets);
     if (split.videos.empty() || split.images.empty()) {
         throw Error::InvalidArgument(fmt::format(
             "--joint_training_interval {} alternates video windows and images, but the cache {} "
@@ -170,7 +179,8 @@ Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
     log_info(
         "train: joint image-video: every {} steps a batch of the {} images, else of the {} "
         "video windows",
-        o.joint_training_interval, count(split.images), count(split.videos));
+        o.joint_training_interval, count(split.images) / o.repeats,
+        count(split.videos) / o.repeats);
     s.main = std::make_unique<train::BucketSampler>(split.videos, o.train_batch_size, o.seed);
     // Its own sequence: seeded apart from the video sampler's and the data generator's (seed + 1).
     s.images = std::make_unique<train::BucketSampler>(split.images, o.train_batch_size, o.seed + 2);
@@ -517,8 +527,8 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
     const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
-    const training::RunParts run{trainer,   *samplers.main, gen,
-                                 trainable, settings,       samplers.images.get()};
+    const training::RunParts run{trainer,  *samplers.main,        gen,   trainable,
+                                 settings, samplers.images.get(), device};
 
     TrainReport report;
     report.trainable_parameters = trainable_count;

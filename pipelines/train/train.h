@@ -65,6 +65,7 @@ struct TrainOptions {
     bool offload_optimizer = false;  // AdamW's moments in host memory, the update run there
     int64_t max_train_steps = 0;     // 0: num_train_epochs over the cache
     int64_t num_train_epochs = 1;    // when max_train_steps is 0
+    int64_t repeats = 1;             // each sample this many times per epoch (upstream's --repeats)
     double learning_rate = 1e-4;
     bool scale_lr = false;  // learning_rate x batch x accumulation (x ranks), as upstream
     std::string lr_scheduler = "constant";
@@ -93,7 +94,8 @@ struct TrainOptions {
 
     // LoRA: rank 0 trains every weight.
     int64_t rank = 4;
-    double lora_alpha = 4;  // 0: = rank
+    double lora_alpha = 4;    // 0: = rank
+    double lora_dropout = 0;  // dropout on the adapters' input in training (peft's lora_dropout)
     std::string lora_target_modules = "to_q,to_k,to_v";
 
     // Checkpoints.

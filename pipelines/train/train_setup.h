@@ -47,6 +47,8 @@ struct RunParts {
     const NamedTensors& trainable;
     const std::map<std::string, std::string>& settings;
     train::BucketSampler* image_sampler = nullptr;  // joint image-video training only
+    // Where the model runs: on a GPU its generator (LoRA dropout's masks) is part of the state.
+    c10::Device device = c10::kCPU;
 };
 
 // "a,b,,c" -> {"a", "b", "c"}.

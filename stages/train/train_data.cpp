@@ -279,6 +279,26 @@ FrameSplit split_by_frames(const std::map<Bucket, std::vector<int64_t>>& buckets
     return split;
 }
 
+std::map<Bucket, std::vector<int64_t>> repeat_samples(
+    const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t times) {
+    if (times < 1)
+        throw Error::InvalidArgument(fmt::format("--repeats must be >= 1, got {}", times));
+    constexpr int64_t kMost = 100'000'000;  // 800 MB of indices
+    int64_t samples = 0;
+    for (const auto& [bucket, indices] : buckets) samples += static_cast<int64_t>(indices.size());
+    if (samples > kMost / times) {
+        throw Error::InvalidArgument(fmt::format(
+            "--repeats {} over {} samples is more than {} per epoch", times, samples, kMost));
+    }
+    std::map<Bucket, std::vector<int64_t>> out;
+    for (const auto& [bucket, indices] : buckets) {
+        std::vector<int64_t>& all = out[bucket];
+        all.reserve(indices.size() * static_cast<size_t>(times));
+        for (int64_t i = 0; i < times; ++i) all.insert(all.end(), indices.begin(), indices.end());
+    }
+    return out;
+}
+
 BucketSampler::BucketSampler(const std::map<Bucket, std::vector<int64_t>>& buckets,
                              int64_t batch_size, uint64_t seed)
     : batch_size_(batch_size), seed_(seed) {

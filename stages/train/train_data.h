@@ -108,6 +108,12 @@ struct FrameSplit {
 };
 FrameSplit split_by_frames(const std::map<Bucket, std::vector<int64_t>>& buckets);
 
+// Every bucket's samples `times` times over (upstream's --repeats): a sampler over the result hands
+// out each sample `times` times per epoch, shuffled with the others. kInvalidArgument naming
+// --repeats for times < 1.
+std::map<Bucket, std::vector<int64_t>> repeat_samples(
+    const std::map<Bucket, std::vector<int64_t>>& buckets, int64_t times);
+
 // Batches of one bucket each. An epoch shuffles every bucket's samples, cuts them into batches
 // of `batch_size` (a bucket's last batch may be smaller) and shuffles the order of all batches;
 // both shuffles are seeded by (seed, epoch), so the sequence is a function of the seed alone and

@@ -33,7 +33,6 @@ const std::map<std::string, std::string>& refused() {
         {"dataset_name", kNoHubData},
         {"dataset_config_name", kNoHubData},
         {"image_column", kNoHubData},
-        {"repeats", "not built yet: each image is one sample per epoch"},
         {"with_prior_preservation", kNoPrior},
         {"class_data_dir", kNoPrior},
         {"class_prompt", kNoPrior},
@@ -47,8 +46,6 @@ const std::map<std::string, std::string>& refused() {
         {"prodigy_safeguard_warmup", kNoProdigy},
         {"adam_weight_decay_text_encoder",
          "the text encoder is not trained here: its embeddings are cached by prep"},
-        {"lora_dropout", "not built yet: LoRA layers have no dropout (upstream's default 0.0)"},
-        {"local_rank", "training on several GPUs is not built yet"},
         {"enable_npu_flash_attention", "there is no NPU support: --attention fused uses SDPA"},
     };
     return table;

@@ -117,6 +117,11 @@ void add_optimizer_flags(CLI::App* cmd, TrainOptions& o) {
                     "passes over the cache when --max_train_steps is not given")
         ->check(integer_in(1, 1'000'000))
         ->capture_default_str();
+    cmd->add_option("--repeats", o.repeats,
+                    "each sample this many times per epoch, shuffled with the others (as "
+                    "upstream repeats the instance images)")
+        ->check(integer_in(1, 10'000))
+        ->capture_default_str();
     cmd->add_option("--learning_rate", o.learning_rate)->capture_default_str();
     cmd->add_flag("--scale_lr", o.scale_lr,
                   "multiply the learning rate by the batch size and the accumulation steps");
@@ -176,6 +181,9 @@ void add_lora_flags(CLI::App* cmd, TrainOptions& o, TrainCommand& c) {
     cmd->add_flag("--full_finetune", c.full_finetune,
                   "train every weight of the transformer (the same as --rank 0)");
     cmd->add_option("--lora_alpha", o.lora_alpha, "LoRA alpha; 0 means the rank")
+        ->capture_default_str();
+    cmd->add_option("--lora_dropout", o.lora_dropout,
+                    "dropout on the LoRA adapters' input while training (peft's lora_dropout)")
         ->capture_default_str();
     cmd->add_option("--lora_layers,--lora_target_modules", o.lora_target_modules,
                     "comma-separated Linear names to adapt")
