@@ -517,6 +517,68 @@ TEST(ChunkedAttention, LinearSelfAttentionOverTokenChunksEqualsTheWholeRun) {
     EXPECT_EQ(block->attn1->chunk_tokens, 0);
 }
 
+// SanaRMSNorm as one autograd node: upstream's plain ops' values and gradients (fp32, a bf16 input
+// as autocast's projections give it, and bf16 weights as a LoRA run's frozen base has), keeping
+// less for backward.
+TEST(RMSNorm, OneNodeEqualsThePlainOpsAndKeepsLess) {
+    torch::manual_seed(31);
+    const at::Tensor w0 = torch::rand({256}) + 0.5;
+    const at::Tensor x0 = torch::randn({2, 4096, 256}) * 3, g = torch::randn({2, 4096, 256});
+    for (const at::ScalarType input : {at::kFloat, at::kBFloat16}) {
+        for (const at::ScalarType weights : {at::kFloat, at::kBFloat16}) {
+            SCOPED_TRACE(std::string(c10::toString(input)) + " input, " + c10::toString(weights) +
+                         " weight");
+            sf::model::SanaRMSNorm norm(256, 1e-5);
+            {
+                torch::NoGradGuard no_grad;
+                norm->weight.copy_(w0);
+            }
+            norm->to(weights);
+            // diffusers' RMSNorm, operation by operation.
+            auto plain = [&](const at::Tensor& x) {
+                const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+                at::Tensor y = x * at::rsqrt(variance + norm->eps);
+                if (weights != at::kFloat) y = y.to(weights);
+                return y * norm->weight;
+            };
+            // The values and gradients; `kept` is what the forward holds for backward beyond its
+            // input and output.
+            auto run = [&](bool fused, int64_t& kept) {
+                const at::Tensor x = x0.clone().to(input).requires_grad_(true);
+                const int64_t before = sf::mem::cpu_stats().current;
+                const at::Tensor out = fused ? norm(x) : plain(x);
+                kept = sf::mem::cpu_stats().current - before - static_cast<int64_t>(out.nbytes());
+                out.backward(g.to(out.scalar_type()));
+                std::map<std::string, at::Tensor> r = {
+                    {"out", out.detach()},
+                    {"grad x", x.grad().to(at::kFloat)},
+                    {"grad w", norm->weight.grad().to(at::kFloat)}};
+                norm->weight.mutable_grad() = at::Tensor();
+                return r;
+            };
+            int64_t fused_kept = 0, plain_kept = 0;
+            const auto ours = run(true, fused_kept), theirs = run(false, plain_kept);
+            EXPECT_TRUE(ours.at("out").equal(theirs.at("out"))) << "forward values differ";
+            for (const char* name : {"grad x", "grad w"}) {
+                // fp32: to rounding. bf16: the plain ops round each product to bf16 before the
+                // sum, the one node once at the end; both within a few bf16 steps of the scale.
+                const at::Tensor& a = ours.at(name);
+                const at::Tensor& b = theirs.at(name);
+                const bool exact = input == at::kFloat && weights == at::kFloat;
+                const double scale = b.abs().max().item<double>();
+                expect_close(a, b, exact ? 1e-5 : 2e-2, exact ? 1e-6 * scale : 2e-2 * scale, name);
+            }
+            std::printf(
+                "[ memory   ] rms norm [2, 4096, 256] %s in, %s weight, kept for "
+                "backward: plain %.2f MB, one node %.2f MB\n",
+                c10::toString(input), c10::toString(weights), plain_kept / 1e6, fused_kept / 1e6);
+            // The one node keeps a float per row; the plain ops at least a product as large as x.
+            EXPECT_LE(fused_kept, 2 * 4096 * 4 + 1024);
+            EXPECT_GE(plain_kept, static_cast<int64_t>(x0.to(input).nbytes()));
+        }
+    }
+}
+
 TEST(Autocast, NestedGuardsRestoreThePreviousState) {
     const AutocastState outside = AutocastState::capture();
     const int nesting = sf::model::autocast_nesting();

@@ -111,14 +111,56 @@ SanaRMSNormImpl::SanaRMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
     weight = register_parameter("weight", torch::ones({dim}));
 }
 
-at::Tensor SanaRMSNormImpl::forward(const at::Tensor& x) {
-    const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
-    at::Tensor y = x * at::rsqrt(variance + eps);
-    // Half-precision weights get a half-precision product, as upstream.
-    if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) {
-        y = y.to(weight.scalar_type());
+namespace {
+
+bool half_precision(const at::Tensor& t) {
+    return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+// diffusers' RMSNorm as one autograd node: the plain ops keep an fp32 copy of x and the
+// normalised x for backward (two fp32 tensors of x's size beside x itself); this keeps x in its
+// own dtype and the per-row 1 / rms, and recomputes the normalised x in backward. With
+// xhat = x r, r = rsqrt(mean(x^2) + eps), out = xhat w:
+//   dw = sum over rows of g xhat,  dx = r (g w - xhat mean(g w xhat)).
+struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                              const at::Tensor& weight, double eps) {
+        const at::Tensor xf = x.to(at::kFloat);
+        const at::Tensor r = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+        at::Tensor y = xf * r;
+        // Half-precision weights get a half-precision product, as upstream.
+        if (half_precision(weight)) y = y.to(weight.scalar_type());
+        ctx->save_for_backward({x, weight, r});
+        return y * weight;
     }
-    return y * weight;
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
+        at::Tensor xhat = x.to(at::kFloat) * r;
+        if (half_precision(weight)) xhat = xhat.to(weight.scalar_type()).to(at::kFloat);
+        const at::Tensor g = grads.at(0).to(at::kFloat);
+        at::Tensor dx, dw;
+        if (ctx->needs_input_grad(1))
+            dw = (g * xhat).reshape({-1, weight.numel()}).sum(0).to(weight.scalar_type());
+        if (ctx->needs_input_grad(0)) {
+            const at::Tensor gw = g * weight.to(at::kFloat);
+            const at::Tensor inner = (gw * xhat).mean(-1, /*keepdim=*/true);
+            dx = ((gw - xhat * inner) * r).to(x.scalar_type());
+        }
+        return {dx, dw, at::Tensor()};
+    }
+};
+
+}  // namespace
+
+at::Tensor SanaRMSNormImpl::forward(const at::Tensor& x) {
+    if (x.scalar_type() == at::kDouble) {  // the plain ops, for the few fp64 checks
+        const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+        return x * at::rsqrt(variance + eps) * weight;
+    }
+    return RMSNormFunction::apply(x, weight, eps);
 }
 
 SanaPatchEmbedImpl::SanaPatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch_size_,

@@ -70,6 +70,8 @@ struct SanaCaptionProjectionImpl : torch::nn::Module {
 TORCH_MODULE(SanaCaptionProjection);
 
 // diffusers' RMSNorm with a weight: the mean square is taken in fp32; x * rsqrt(ms + eps) * w.
+// One autograd node that keeps x (in its own dtype) and the per-row rsqrt for backward, not the
+// fp32 copies the plain ops keep; the values are upstream's operation by operation.
 struct SanaRMSNormImpl : torch::nn::Module {
     SanaRMSNormImpl(int64_t dim, double eps);
     at::Tensor forward(const at::Tensor& x);
