@@ -6,11 +6,30 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "pipelines/train/train_setup.h"
 #include "storage/fingerprint.h"
 
 namespace sf::pipelines::training {
+namespace {
+
+int device_index(const c10::Device& device) { return std::max<int>(0, device.index()); }
+
+const at::Tensor& required_rng(const train::TrainState& state, const char* name,
+                               const std::string& dir) {
+    const auto it = state.rng.find(name);
+    if (it == state.rng.end()) {
+        throw Error::Corruption(fmt::format(
+            "{}/optimizer.safetensors: no tensor rng.{} (the state of a random generator)", dir,
+            name));
+    }
+    return it->second;
+}
+
+}  // namespace
 
 train::TrainState capture_state(const RunParts& run, const std::vector<double>& losses) {
     train::TrainState state;
@@ -30,26 +49,13 @@ train::TrainState capture_state(const RunParts& run, const std::vector<double>& 
     at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle: shares the state
     state.rng["default"] = global.get_state();
     state.rng["data"] = run.data_gen.get_state();
-    if (run.device.is_cuda())
-        state.rng["cuda"] = at::globalContext().defaultGenerator(run.device).get_state();
+    if (run.device.is_cuda()) {
+        const at::Tensor cuda = compat::cuda_rng_state(device_index(run.device));
+        if (cuda.defined()) state.rng["cuda"] = cuda;  // undefined in a build without CUDA
+    }
     state.losses = losses;
     return state;
 }
-
-namespace {
-
-const at::Tensor& required_rng(const train::TrainState& state, const char* name,
-                               const std::string& dir) {
-    const auto it = state.rng.find(name);
-    if (it == state.rng.end()) {
-        throw Error::Corruption(fmt::format(
-            "{}/optimizer.safetensors: no tensor rng.{} (the state of a random generator)", dir,
-            name));
-    }
-    return it->second;
-}
-
-}  // namespace
 
 std::vector<double> restore_state(const std::string& dir, const RunParts& run,
                                   bool allow_new_data) {
@@ -97,10 +103,8 @@ std::vector<double> restore_state(const std::string& dir, const RunParts& run,
     global.set_state(default_rng);
     run.data_gen.set_state(data_rng);
     // A checkpoint from a CPU run resumed on a GPU has none: that generator starts from the seed.
-    if (const auto it = state.rng.find("cuda"); it != state.rng.end() && run.device.is_cuda()) {
-        at::Generator device_gen = at::globalContext().defaultGenerator(run.device);
-        device_gen.set_state(it->second);
-    }
+    if (const auto it = state.rng.find("cuda"); it != state.rng.end() && run.device.is_cuda())
+        compat::set_cuda_rng_state(device_index(run.device), it->second);
     return state.losses;
 }
 
