@@ -91,8 +91,9 @@ struct PrepReport {
     int64_t windows_planned = 0;  // windows of those clips, cached or not
     int64_t clips_truncated = 0;  // clips whose stream broke: the windows before the break kept
     int64_t texts_written = 0;
-    int64_t rejected = 0;       // scan, read and decode rejects
-    int64_t max_in_flight = 0;  // samples in memory at once in the image phase, at most
+    int64_t rejected = 0;  // scan, read and decode rejects
+    // Samples in memory at once (images, or clips' windows in the video phase), at most.
+    int64_t max_in_flight = 0;
     std::vector<std::string> models_loaded;  // stages that loaded a model
     double seconds = 0;
     std::vector<PrepStageRow> stages;

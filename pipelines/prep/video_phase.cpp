@@ -10,6 +10,7 @@
 // many windows exist at once: memory depends on the window and the pool, not on the clip.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <any>
 #include <map>
 
@@ -261,6 +262,7 @@ VideoResult run_video_phase(const PrepStages& stages, storage::Cache& cache,
     }
     report.stages.push_back(
         {"video", stats.completed, stats.rejected, seconds_since(t0), after.cpu.peak});
+    report.max_in_flight = std::max<int64_t>(report.max_in_flight, stats.max_in_flight_observed);
     return result;
 }
 
