@@ -202,6 +202,26 @@ struct Cli {
              *models_cmd = nullptr, *demo_cmd = nullptr, *plan_cmd = nullptr;
 };
 
+// The flags prep and train share: --config, and how the job's ranks are started. `--config FILE`
+// is expanded into flags before parsing (tools/cli/yaml_config.h); declared here for --help only.
+void add_job_flags(CLI::App* cmd, Cli& c) {
+    cmd->add_option("--config", c.config_file,
+                    "a YAML file of this command's flags (sections, lists, null); typed "
+                    "flags win");
+    cmd->add_option("--nproc_per_node", c.nproc_per_node,
+                    "run as this many data-parallel ranks on this machine, each a process "
+                    "started with torchrun's variables (as torchrun --standalone "
+                    "--nproc_per_node N --no-python would); ignored by a rank that a "
+                    "launcher started")
+        ->check(integer_in(1, 1024))
+        ->capture_default_str();
+    cmd->add_option("--local_rank,--local-rank", c.local_rank,
+                    "this process's rank on its machine, as torch.distributed.launch passes "
+                    "it; LOCAL_RANK in the environment wins, as upstream (torchrun sets it)")
+        ->check(integer_in(-1, 1 << 20))
+        ->capture_default_str();
+}
+
 void define_commands(Cli& c) {
     CLI::App& app = c.app;
     app.require_subcommand(1);
@@ -232,25 +252,7 @@ void define_commands(Cli& c) {
     sf::tools::add_train_flags(c.train_cmd, c.train, c.train_extra);
     sf::tools::add_video_train_flags(c.train_cmd, c.train);
     sf::tools::add_prep_data_flags(c.train_cmd, c.train_extra.prep);
-    // `--config FILE` is expanded into flags before parsing (tools/cli/yaml_config.h); declared
-    // here for --help only.
-    for (CLI::App* cmd : {c.prep_cmd, c.train_cmd}) {
-        cmd->add_option("--config", c.config_file,
-                        "a YAML file of this command's flags (sections, lists, null); typed "
-                        "flags win");
-        cmd->add_option("--nproc_per_node", c.nproc_per_node,
-                        "run as this many data-parallel ranks on this machine, each a process "
-                        "started with torchrun's variables (as torchrun --standalone "
-                        "--nproc_per_node N --no-python would); ignored by a rank that a "
-                        "launcher started")
-            ->check(integer_in(1, 1024))
-            ->capture_default_str();
-        cmd->add_option("--local_rank,--local-rank", c.local_rank,
-                        "this process's rank on its machine, as torch.distributed.launch passes "
-                        "it; LOCAL_RANK in the environment wins, as upstream (torchrun sets it)")
-            ->check(integer_in(-1, 1 << 20))
-            ->capture_default_str();
-    }
+    for (CLI::App* cmd : {c.prep_cmd, c.train_cmd}) add_job_flags(cmd, c);
 
     c.plot_cmd = app.add_subcommand(
         "plot",
@@ -324,7 +326,7 @@ void apply_local_rank(int local_rank) {
             sf::log_info("--local_rank {}: LOCAL_RANK={} wins, as upstream", flag, env);
         return;
     }
-    ::setenv("LOCAL_RANK", flag.c_str(), /*overwrite=*/0);
+    ::setenv("LOCAL_RANK", flag.c_str(), /*overwrite=*/1);  // unset or empty: the flag's
 }
 
 int run(const Cli& c) {
