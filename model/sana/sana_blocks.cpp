@@ -156,10 +156,6 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 }  // namespace
 
 at::Tensor SanaRMSNormImpl::forward(const at::Tensor& x) {
-    if (x.scalar_type() == at::kDouble) {  // the plain ops, for the few fp64 checks
-        const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
-        return x * at::rsqrt(variance + eps) * weight;
-    }
     return RMSNormFunction::apply(x, weight, eps);
 }
 
