@@ -149,16 +149,14 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
             "root whose vae/ prep used",
             vae_.is_pretrained() ? vae_.pretrained + "/vae" : "the built-in " + vae_.builtin));
     }
-    bucket_ = largest_bucket(set);
+    const train::Bucket bucket = largest_bucket(set);
     at::Generator gen = at::detail::createCPUGenerator(0);
-    const train::TrainingBatch one = set.load({set.buckets().at(bucket_).front()}, 0, gen);
-    latent_channels_ = one.latents.size(1);
-    latent_frames_ = video_ ? one.latents.size(2) : 1;
-    ratio_ = bucket_.height / one.latents.size(-2);
+    const train::TrainingBatch one = set.load({set.buckets().at(bucket).front()}, 0, gen);
+    noise_sizes_ = one.latents.sizes().vec();  // one sample: [1, C, (f,) h, w]
     log_info(
         "train: validation: {} {}(s) of {} prompt(s) at {}{}x{}, {} Euler steps, guidance {:g}",
         o.num_validation_images, video_ ? "video" : "image", prompts_.size(),
-        video_ ? fmt::format("{} frames of ", bucket_.frames) : "", bucket_.height, bucket_.width,
+        video_ ? fmt::format("{} frames of ", bucket.frames) : "", bucket.height, bucket.width,
         o.validation_inference_steps, o.validation_guidance_scale);
 }
 
@@ -193,7 +191,6 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
         const std::vector<double> sigmas =
             sample::euler_sigmas(o_.validation_inference_steps, o_.flow_shift);
         at::Generator gen = at::detail::createCPUGenerator(o_.seed);
-        const int64_t h = bucket_.height / ratio_, w = bucket_.width / ratio_;
         const at::Tensor empty = empty_.defined() ? empty_.to(device_) : at::Tensor();
         for (const at::Tensor& f : features_) {
             const at::Tensor caption = f.unsqueeze(0).to(device_);
@@ -202,9 +199,8 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
             const sample::Velocity v =
                 sample::guided_velocity(model, caption, mask, empty, o_.validation_guidance_scale);
             for (int64_t i = 0; i < o_.num_validation_images; ++i) {
-                std::vector<int64_t> sizes = {1, latent_channels_, h, w};
-                if (video_) sizes.insert(sizes.begin() + 2, latent_frames_);
-                const at::Tensor noise = at::randn(sizes, gen, at::TensorOptions(at::kFloat));
+                const at::Tensor noise =
+                    at::randn(noise_sizes_, gen, at::TensorOptions(at::kFloat));
                 latents.push_back(sample::euler_sample(v, noise.to(device_), sigmas).to(at::kCPU));
             }
         }

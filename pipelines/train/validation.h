@@ -58,8 +58,8 @@ private:
     std::vector<std::string> prompts_;
     std::vector<at::Tensor> features_;  // [n, hidden] each
     at::Tensor empty_;
-    train::Bucket bucket_;
-    int64_t latent_channels_ = 0, latent_frames_ = 1, ratio_ = 0, steps_per_epoch_ = 1;
+    std::vector<int64_t> noise_sizes_;  // a latent of the bucket: [1, C, (f,) h, w]
+    int64_t steps_per_epoch_ = 1;
     bool video_ = false;  // the cache holds the Wan VAE's [C, f, h, w] latents
     stages::ModelSource vae_;
     c10::Device device_;
