@@ -19,6 +19,7 @@
 #include "model/sana/sana_blocks.h"
 #include "model/sana/sana_transformer.h"
 #include "model_golden_util.h"
+#include "model_module_run.h"
 
 namespace {
 
@@ -441,26 +442,11 @@ TEST(ChunkedAttention, LinearSelfAttentionOverTokenChunksEqualsTheWholeRun) {
     torch::manual_seed(13);
     sf::model::SanaLinearAttention attn(64, 4, 16, /*bias=*/false, /*dropout=*/0.0);
     const at::Tensor x0 = torch::randn({2, 4096, 64}), g = torch::randn({2, 4096, 64});
-    struct Run {
-        at::Tensor out, grad_x;
-        std::map<std::string, at::Tensor> grads;
-        int64_t peak = 0;
-    };
+    using Run = sf::test::ModuleRun;
     auto run = [&](int64_t chunk, bool bf16) {
         attn->chunk_tokens = chunk;
-        Run r;
-        const at::Tensor x = x0.clone().requires_grad_(true);
-        r.peak = peak_bytes([&] {
-            AutocastGuard guard(at::kCPU, at::kBFloat16, bf16);
-            r.out = attn(x);
-            r.out.backward(g);
-        });
-        r.grad_x = x.grad();
-        for (const auto& p : attn->named_parameters()) {
-            r.grads[p.key()] = p.value().grad().clone();
-            p.value().mutable_grad() = at::Tensor();
-        }
-        return r;
+        return sf::test::run_module(
+            *attn, [&](const at::Tensor& x) { return attn(x); }, x0, g, bf16);
     };
     const Run whole = run(0, false);
     for (const int64_t chunk : {1000, 512, 4096}) {  // 1000 leaves a short last chunk
@@ -482,9 +468,7 @@ TEST(ChunkedAttention, LinearSelfAttentionOverTokenChunksEqualsTheWholeRun) {
     // Under bf16 autocast each chunk's weight gradients are rounded to bf16 before they are
     // summed (in fp32), the whole run's once: both are held to the fp32 run, and the chunked
     // one is no further from it.
-    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
-        return ((a.to(at::kFloat) - b).norm() / b.norm()).item<double>();
-    };
+    const auto rel = sf::test::relative_error;
     const Run whole_bf16 = run(0, true), chunked_bf16 = run(1000, true);
     std::printf(
         "[ memory   ] linear attention N 4096, bf16: whole %.1f MB, 1000-token chunks "
