@@ -61,112 +61,113 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
     TrainingSet set;
     set.skip_damaged_ = skip_damaged;
     std::set<std::string> seen;  // a sample in two shards (prep run twice) is trained on once
-    int64_t listed = 0, incomplete = 0;
-    std::string first_damage;
-    for (size_t shard = 0; shard < shards.size(); ++shard) {
-        storage::Cache c = shards[shard];
-        const auto manifest =
-            storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey);
-        std::vector<std::string> keys;
-        if (manifest) keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
-        // A shard of a sharded prep whose share of the dataset was empty: nothing to read.
-        if (manifest && keys.empty() && shards.size() > 1) continue;
-        for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
-            if (!c.find_db(db)) {
-                throw Error::NotFound(fmt::format(
-                    "cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
-            }
-        }
-        const size_t index = set.shards_.size();  // in shards_: empty shards are left out
-        set.shards_.push_back(std::make_shared<storage::Cache>(c));
-        const storage::CacheSnapshot samples =
-            storage::CacheReader(c, schema::kSamplesDb).snapshot();
-        const storage::CacheSnapshot latents =
-            storage::CacheReader(c, schema::kLatentsDb).snapshot();
-        const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
-
-        bool from_manifest = true;
-        if (!manifest) {
-            log_warn(
-                "train: cache {} has no manifest (prep before this version?): training on every "
-                "sample record",
-                c.dir());
-            from_manifest = false;
-            samples.for_each(
-                [&](std::string_view key, std::string_view) { keys.emplace_back(key); });
-        }
-        listed += static_cast<int64_t>(keys.size());
-        // Prep lists a sample in the manifest once its records are all written: one that is not
-        // whole now was damaged. Without a manifest, a sample may be incomplete (prep cut off).
-        auto left_out = [&](const std::string& why) {
-            ++set.damaged_;
-            if (first_damage.empty()) first_damage = why;
-        };
-        for (const auto& key : keys) {
-            const std::string where = c.dir() + "/" + schema::kSamplesDb + "/" + key;
-            std::optional<storage::Record> record;
-            std::optional<schema::SampleRecord> sample;
-            try {
-                record = samples.get(key);
-                if (record) sample = schema::SampleRecord::from_record(*record, where);
-            } catch (const Error& e) {
-                left_out(e.message());
-                continue;
-            }
-            if (!record) {
-                if (from_manifest) {
-                    left_out(where + ": the manifest lists it, but it is missing");
-                } else {
-                    ++incomplete;
-                }
-                continue;
-            }
-            TrainingSample s{key, sample->latent_key, sample->text_key, sample->bucket, index};
-            if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
-                if (from_manifest) {
-                    left_out(
-                        fmt::format("{}: its {} record {} is missing", where,
-                                    latents.contains(s.latent_key) ? "text" : "latent",
-                                    latents.contains(s.latent_key) ? s.text_key : s.latent_key));
-                } else {
-                    ++incomplete;
-                }
-                continue;
-            }
-            if (!seen.insert(key).second) continue;
-            set.buckets_[s.bucket].push_back(static_cast<int64_t>(set.samples_.size()));
-            set.samples_.push_back(std::move(s));
-        }
-        if (!set.empty_prompt_.defined()) {
-            if (auto empty = texts.get(schema::kEmptyPromptKey)) {
-                set.empty_prompt_ =
-                    tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
-            }
-        }
-    }
+    OpenTally tally;
+    for (const storage::Cache& c : shards) set.add_shard(c, shards.size() > 1, seen, tally);
     if (set.damaged_ > 0) {
         if (!skip_damaged) {
             throw Error::Corruption(fmt::format(
                 "{} of {} samples of the cache are damaged (first: {}): `sanaflow inspect {} "
                 "--verify` lists them; rerun prep to repair them, or train without them with "
                 "--skip_corrupt",
-                set.damaged_, listed, first_damage, shards.front().dir()));
+                set.damaged_, tally.listed, tally.first_damage, shards.front().dir()));
         }
         log_warn("train: --skip_corrupt: {} of {} samples are damaged and left out (first: {})",
-                 set.damaged_, listed, first_damage);
+                 set.damaged_, tally.listed, tally.first_damage);
     }
-    if (incomplete > 0) {
+    if (tally.incomplete > 0) {
         log_warn(
             "train: {} of {} samples lack a latent or text record and are left out (rerun prep to "
             "complete them)",
-            incomplete, listed);
+            tally.incomplete, tally.listed);
     }
     if (set.samples_.empty()) {
         throw Error::InvalidArgument(fmt::format(
             "cache {}: no sample with both a latent and a text record", shards.front().dir()));
     }
-    const TrainingSample& first = set.samples_.front();
-    const storage::Cache& c = *set.shards_[first.shard];
+    set.read_shapes();
+    return set;
+}
+
+void TrainingSet::add_shard(storage::Cache c, bool several, std::set<std::string>& seen,
+                            OpenTally& tally) {
+    const auto manifest =
+        storage::CacheReader(c, schema::kManifestDb).get(schema::kManifestSamplesKey);
+    std::vector<std::string> keys;
+    if (manifest) keys = schema::manifest_keys(*manifest, c.dir() + "/" + schema::kManifestDb);
+    // A shard of a sharded prep whose share of the dataset was empty: nothing to read.
+    if (manifest && keys.empty() && several) return;
+    for (const char* db : {schema::kSamplesDb, schema::kLatentsDb, schema::kTextDb}) {
+        if (!c.find_db(db)) {
+            throw Error::NotFound(fmt::format(
+                "cache {} has no '{}' records: run sanaflow prep on it first", c.dir(), db));
+        }
+    }
+    const size_t index = shards_.size();  // in shards_: empty shards are left out
+    shards_.push_back(std::make_shared<storage::Cache>(c));
+    const storage::CacheSnapshot samples = storage::CacheReader(c, schema::kSamplesDb).snapshot();
+    const storage::CacheSnapshot latents = storage::CacheReader(c, schema::kLatentsDb).snapshot();
+    const storage::CacheSnapshot texts = storage::CacheReader(c, schema::kTextDb).snapshot();
+
+    bool from_manifest = true;
+    if (!manifest) {
+        log_warn(
+            "train: cache {} has no manifest (prep before this version?): training on every "
+            "sample record",
+            c.dir());
+        from_manifest = false;
+        samples.for_each([&](std::string_view key, std::string_view) { keys.emplace_back(key); });
+    }
+    tally.listed += static_cast<int64_t>(keys.size());
+    // Prep lists a sample in the manifest once its records are all written: one that is not
+    // whole now was damaged. Without a manifest, a sample may be incomplete (prep cut off).
+    auto left_out = [&](const std::string& why) {
+        ++damaged_;
+        if (tally.first_damage.empty()) tally.first_damage = why;
+    };
+    for (const auto& key : keys) {
+        const std::string where = c.dir() + "/" + schema::kSamplesDb + "/" + key;
+        std::optional<storage::Record> record;
+        std::optional<schema::SampleRecord> sample;
+        try {
+            record = samples.get(key);
+            if (record) sample = schema::SampleRecord::from_record(*record, where);
+        } catch (const Error& e) {
+            left_out(e.message());
+            continue;
+        }
+        if (!record) {
+            if (from_manifest) {
+                left_out(where + ": the manifest lists it, but it is missing");
+            } else {
+                ++tally.incomplete;
+            }
+            continue;
+        }
+        TrainingSample s{key, sample->latent_key, sample->text_key, sample->bucket, index};
+        if (!latents.contains(s.latent_key) || !texts.contains(s.text_key)) {
+            if (from_manifest) {
+                left_out(fmt::format("{}: its {} record {} is missing", where,
+                                     latents.contains(s.latent_key) ? "text" : "latent",
+                                     latents.contains(s.latent_key) ? s.text_key : s.latent_key));
+            } else {
+                ++tally.incomplete;
+            }
+            continue;
+        }
+        if (!seen.insert(key).second) continue;
+        buckets_[s.bucket].push_back(static_cast<int64_t>(samples_.size()));
+        samples_.push_back(std::move(s));
+    }
+    if (!empty_prompt_.defined()) {
+        if (auto empty = texts.get(schema::kEmptyPromptKey)) {
+            empty_prompt_ = tensor_of(*empty, schema::kPromptEmbeds, schema::kEmptyPromptKey);
+        }
+    }
+}
+
+void TrainingSet::read_shapes() {
+    const TrainingSample& first = samples_.front();
+    const storage::Cache& c = *shards_[first.shard];
     const at::Tensor latent =
         tensor_of(*storage::CacheReader(c, schema::kLatentsDb).get(first.latent_key),
                   schema::kLatent, first.latent_key);
@@ -176,21 +177,20 @@ TrainingSet TrainingSet::open(const std::vector<storage::Cache>& shards, bool sk
                         "[C, f, h, w] (video windows)",
                         c.dir(), schema::kLatentsDb, first.latent_key, latent.dim()));
     }
-    set.latent_channels_ = latent.size(0);
-    set.latent_rank_ = latent.dim();
-    set.latent_downsample_ = std::max<int64_t>(1, first.bucket.height / latent.size(-2));
+    latent_channels_ = latent.size(0);
+    latent_rank_ = latent.dim();
+    latent_downsample_ = std::max<int64_t>(1, first.bucket.height / latent.size(-2));
     const storage::Record text = *storage::CacheReader(c, schema::kTextDb).get(first.text_key);
     const at::Tensor embeds = tensor_of(text, schema::kPromptEmbeds, first.text_key);
-    set.text_hidden_ = embeds.size(1);
-    set.max_caption_tokens_ = embeds.size(0);
+    text_hidden_ = embeds.size(1);
+    max_caption_tokens_ = embeds.size(0);
     if (auto it = text.metadata.find(schema::kMaxLength); it != text.metadata.end()) {
         try {
-            set.max_caption_tokens_ = std::max<int64_t>(embeds.size(0), std::stoll(it->second));
+            max_caption_tokens_ = std::max<int64_t>(embeds.size(0), std::stoll(it->second));
         } catch (const std::exception&) {
             // A text record with a damaged max_length: its own length is the bound.
         }
     }
-    return set;
 }
 
 TrainingBatch TrainingSet::load(const std::vector<int64_t>& indices, double caption_dropout,

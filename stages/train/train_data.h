@@ -87,7 +87,18 @@ public:
                        at::Generator& gen) const;
 
 private:
+    // What open() counts over the shards.
+    struct OpenTally {
+        int64_t listed = 0, incomplete = 0;
+        std::string first_damage;
+    };
     TrainingSet() = default;
+    // Reads one cache's samples (skipped when it is an empty shard of `several`), leaving out the
+    // damaged (counted in damaged_) and, without a manifest, the incomplete ones.
+    void add_shard(storage::Cache c, bool several, std::set<std::string>& seen, OpenTally& tally);
+    // The latent's channels, rank and downsampling and the captions' width and length, from the
+    // first sample.
+    void read_shapes();
     std::vector<std::shared_ptr<storage::Cache>> shards_;
     std::vector<TrainingSample> samples_;
     std::map<Bucket, std::vector<int64_t>> buckets_;
