@@ -22,6 +22,7 @@
 #include "stages/train/flow_matching.h"
 #include "stages/train/host_worker.h"
 #include "stages/train/optim.h"
+#include "stages/train/prior_pairs.h"
 #include "stages/train/quantized_state.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_state.h"
@@ -295,6 +296,78 @@ TEST(BucketSampler, RepeatedSamplesComeThatManyTimesAnEpoch) {
                            sf::ErrorCode::kInvalidArgument, "--repeats");
     sf::test::expect_error([&] { sf::train::repeat_samples(buckets, 20'000'000); },
                            sf::ErrorCode::kInvalidArgument, "--repeats 20000000 over 8 samples");
+}
+
+// Upstream's DreamBoothDataset has max(instances, class images) items, item i pairing instance
+// i mod n with class image i mod m; here per bucket, the first --num_class_images class samples.
+TEST(PriorPairs, EachBucketPairsAsUpstreamsDatasetWithTheFirstClassSamples) {
+    using sf::train::Bucket;
+    const Bucket a{1, 512, 512}, b{1, 384, 640}, c{1, 640, 384};
+    const std::map<Bucket, std::vector<int64_t>> instances = {{a, {0, 1, 2}}, {b, {3}}};
+    const std::map<Bucket, std::vector<int64_t>> classes = {{a, {0, 2, 4, 5, 6}}, {b, {1, 3}}};
+    const auto all = sf::train::pair_with_class_samples(instances, classes, 0);
+    // Buckets in name order: b (384x640) before a (512x512).
+    const std::vector<std::pair<int64_t, int64_t>> expected = {
+        {3, 1}, {3, 3},                           // b: 2 class samples, the one instance twice
+        {0, 0}, {1, 2}, {2, 4}, {0, 5}, {1, 6}};  // a: 5 class samples, the instances cycled
+    EXPECT_EQ(all.pairs, expected);
+    EXPECT_EQ(all.buckets.at(b), (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(all.buckets.at(a), (std::vector<int64_t>{2, 3, 4, 5, 6}));
+    // The first 3 class samples (0, 1, 2): a keeps 0 and 2, b keeps 1; a has 3 pairs, the
+    // instances' count.
+    const auto first3 = sf::train::pair_with_class_samples(instances, classes, 3);
+    const std::vector<std::pair<int64_t, int64_t>> limited = {{3, 1}, {0, 0}, {1, 2}, {2, 0}};
+    EXPECT_EQ(first3.pairs, limited);
+    // A bucket of instances without a class sample of its shape is named.
+    sf::test::expect_error(
+        [&] {
+            sf::train::pair_with_class_samples({{a, {0}}, {c, {1, 2}}}, classes, 0);
+        },
+        sf::ErrorCode::kInvalidArgument, c.name() + " (2 instance samples)");
+}
+
+// The joined batch: instance samples first, then class samples, captions padded to the longer;
+// its weighted mean loss is upstream's instance loss + prior_loss_weight x class loss (with a
+// weighting scheme's per-sample weights too).
+TEST(PriorPairs, TheJoinedLossIsTheInstanceLossPlusTheWeightedClassLoss) {
+    torch::manual_seed(5);
+    auto batch = [](int64_t n, int64_t tokens) {
+        sf::train::TrainingBatch b;
+        b.latents = torch::randn({n, 4, 8, 8});
+        b.prompt_embeds = torch::randn({n, tokens, 16});
+        b.prompt_mask = torch::ones({n, tokens}, torch::kLong);
+        for (int64_t i = 0; i < n; ++i) b.indices.push_back(i);
+        return b;
+    };
+    const auto instances = batch(2, 5), classes = batch(3, 7);
+    const double w = 0.7;
+    const auto joined = sf::train::join_prior_batch(instances, classes, w);
+    ASSERT_EQ(joined.batch.latents.sizes(), (std::vector<int64_t>{5, 4, 8, 8}));
+    EXPECT_TRUE(torch::equal(joined.batch.latents.slice(0, 0, 2), instances.latents));
+    EXPECT_TRUE(torch::equal(joined.batch.latents.slice(0, 2), classes.latents));
+    ASSERT_EQ(joined.batch.prompt_embeds.sizes(), (std::vector<int64_t>{5, 7, 16}));
+    EXPECT_TRUE(torch::equal(joined.batch.prompt_embeds.slice(0, 0, 2).slice(1, 0, 5),
+                             instances.prompt_embeds));
+    EXPECT_EQ(joined.batch.prompt_embeds.slice(0, 0, 2).slice(1, 5).abs().sum().item<float>(), 0);
+    EXPECT_TRUE(torch::equal(joined.batch.prompt_mask.sum(1),
+                             torch::tensor({5, 5, 7, 7, 7}, torch::kLong)));
+    EXPECT_EQ(joined.batch.indices, instances.indices);
+
+    const at::Tensor prediction = torch::randn({5, 4, 8, 8}), target = torch::randn({5, 4, 8, 8});
+    for (const bool weighting : {false, true}) {
+        SCOPED_TRACE(weighting ? "with a weighting scheme" : "without");
+        const at::Tensor scheme = weighting ? torch::rand({5}) + 0.5 : at::Tensor();
+        auto mean_loss = [&](int64_t from, int64_t to) {  // upstream: per sample, then the mean
+            at::Tensor sq = (prediction.slice(0, from, to) - target.slice(0, from, to)).pow(2);
+            if (weighting) sq = sq * scheme.slice(0, from, to).view({-1, 1, 1, 1});
+            return sq.reshape({to - from, -1}).mean(1).mean().item<double>();
+        };
+        const double upstream = mean_loss(0, 2) + w * mean_loss(2, 5);
+        const double ours = sf::train::flow_matching_loss(prediction, target, at::Tensor(), scheme,
+                                                          joined.sample_weights)
+                                .item<double>();
+        EXPECT_NEAR(ours, upstream, 1e-6 * upstream);
+    }
 }
 
 TEST(BucketSampler, EpochsCoverEverySampleOnceInSingleBucketBatches) {
@@ -809,6 +882,38 @@ TEST(TrainStep, ASplitMicroBatchGivesTheGradientsOfTheWholeWithLessMemory) {
     sf::train::TrainStepOptions bad;
     bad.micro_batch_split = 0;
     EXPECT_THROW(make_step(seeded_model(), bad), sf::Error);
+}
+
+// Prior preservation's per-sample loss weights go with their samples into every part of a split
+// micro-batch: the loss and gradients do not depend on the split, and weights of 1 are no weights.
+TEST(TrainStep, SampleWeightsStayWithTheirSamplesInEveryPart) {
+    sf::train::MicroBatch batch = sample_batch(4);
+    auto run = [&](const at::Tensor& weights, int64_t split) {
+        sf::train::TrainStepOptions o;
+        o.keep_gradients = true;
+        o.micro_batch_split = split;
+        auto step = make_step(seeded_model(), o, 0.0);
+        at::Generator gen = at::detail::createCPUGenerator(1);
+        sf::train::MicroBatch mb = batch;
+        mb.sample_weights = weights;
+        const auto r = step.step([&](int64_t) { return mb; }, gen);
+        std::map<std::string, at::Tensor> grads;
+        for (const auto& [name, p] : named(step.model().module())) grads[name] = p.grad().clone();
+        return std::make_pair(r.loss, grads);
+    };
+    const at::Tensor weights = torch::tensor({2.0f, 2.0f, 0.5f, 0.5f});
+    const auto [loss, grads] = run(weights, 1);
+    for (const int64_t split : {2, 4}) {
+        SCOPED_TRACE("split " + std::to_string(split));
+        const auto [split_loss, split_grads] = run(weights, split);
+        EXPECT_NEAR(split_loss, loss, 1e-6 * std::abs(loss));
+        for (const auto& [name, g] : grads)
+            EXPECT_TRUE(torch::allclose(split_grads.at(name), g, 1e-5, 1e-7)) << name;
+    }
+    const auto [plain, plain_grads] = run(at::Tensor(), 1);
+    const auto [ones, ones_grads] = run(torch::ones({4}), 1);
+    EXPECT_EQ(ones, plain);
+    EXPECT_NE(loss, plain) << "the weights were not applied";
 }
 
 // --auto_fit's order: split the micro-batch down to one sample per pass, then checkpointing,

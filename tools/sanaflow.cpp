@@ -74,6 +74,63 @@ int run_prep_command(const PrepOptions&) {
 }
 #endif
 
+// --with_prior_preservation needs its class flags (upstream raises the same); the class flags
+// without it are only warned about, as upstream does.
+void check_prior_flags(const TrainCommand& c, bool prep_first) {
+    const sf::pipelines::ClassImageOptions& k = c.classes;
+    if (!c.with_prior_preservation) {
+        if (!k.class_data_dir.empty())
+            sf::log_warn("train: --class_data_dir has no effect without --with_prior_preservation");
+        if (!k.class_prompt.empty())
+            sf::log_warn("train: --class_prompt has no effect without --with_prior_preservation");
+        return;
+    }
+    if (k.class_data_dir.empty())
+        throw sf::Error::InvalidArgument(
+            "--with_prior_preservation needs --class_data_dir (where the class images are)");
+    if (k.class_prompt.empty())
+        throw sf::Error::InvalidArgument(
+            "--with_prior_preservation needs --class_prompt (the class images' caption)");
+    if (!prep_first)
+        throw sf::Error::InvalidArgument(
+            "--with_prior_preservation preps the class images beside the instance images: give "
+            "--instance_data_dir (a cache of them already made is found and reused)");
+    if (c.prep.vae_kind != "dc-ae")
+        throw sf::Error::InvalidArgument(
+            "--with_prior_preservation is for images (--vae dc-ae), not video latents");
+    if (sf::distributed::launch_env().distributed())
+        throw sf::Error::InvalidArgument(
+            "--with_prior_preservation under a data-parallel launch is not built: run the same "
+            "command in one process first with --max_train_steps 1 to generate and prep the class "
+            "images, or train in one process");
+}
+
+#if defined(SANAFLOW_WITH_MEDIA)
+// The class images: the missing ones generated from the instance cache's class prompt, then all
+// of them prepped, captioned by --class_prompt, into OUTPUT_DIR/class_cache.
+void prep_class_images(TrainOptions& o, const TrainCommand& c, const PrepOptions& instances) {
+    std::cout << "\n== class images in " << c.classes.class_data_dir << "\n";
+    sf::pipelines::generate_class_images(o, c.classes);
+    PrepOptions p = instances;
+    p.instance_data_dir = c.classes.class_data_dir;
+    p.manifest.clear();
+    p.caption_column.clear();
+    p.instance_prompt = c.classes.class_prompt;
+    p.validation_prompts.clear();
+    p.random_flip = false;  // upstream flips instance images only
+    p.cache_dir = (fs::path(o.output_dir) / "class_cache").string();
+    std::cout << "\n== prep the class images into " << p.cache_dir << "\n";
+    run_prep_command(p);
+    o.class_cache_dir = p.cache_dir;
+    o.num_class_images = c.classes.num_class_images;
+}
+#else
+void prep_class_images(TrainOptions&, const TrainCommand&, const PrepOptions&) {
+    throw sf::Error::InvalidArgument(
+        "this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: class images need image writing");
+}
+#endif
+
 // `sanaflow train`. With --instance_data_dir (or --manifest) it is the whole job: prep into
 // --cache_dir (OUTPUT_DIR/cache by default), then training from it, each phase loading only its
 // own models; with an up-to-date cache the prep part only reads and hashes the files.
@@ -92,6 +149,7 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         (fs::path(o.output_dir) /
          sf::distributed::per_rank_name(sf::mem::kTimelineFileName, sf::distributed::launch_env()))
             .string());
+    check_prior_flags(c, prep_first);
     if (prep_first) {
         if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
         PrepOptions p = c.prep;
@@ -101,8 +159,11 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         p.seed = o.seed;
         p.device = o.device;
         p.mixed_precision = o.mixed_precision;
+        // The class images are generated from the class prompt's features: prep encodes them.
+        if (c.with_prior_preservation) p.validation_prompts.push_back(c.classes.class_prompt);
         std::cout << "== prep into " << p.cache_dir << "\n";
         run_prep_command(p);
+        if (c.with_prior_preservation) prep_class_images(o, c, p);
         std::cout << "\n== train from " << o.cache_dir << "\n";
     } else if (o.cache_dir.empty()) {
         throw sf::Error::InvalidArgument(

@@ -10,6 +10,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "core/device_options.h"
 #include "core/error.h"
@@ -27,6 +28,7 @@
 #include "stages/distributed/launch_env.h"
 #include "stages/distributed/zero_sharding.h"
 #include "stages/train/auto_fit.h"
+#include "stages/train/prior_pairs.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
 #include "storage/cache_shards.h"
@@ -108,6 +110,14 @@ void validate(const TrainOptions& o) {
     if (o.joint_training_interval < 0)
         throw Error::InvalidArgument("--joint_training_interval must be >= 0 (0 turns it off)");
     check_number("--i2v_probability", o.i2v_probability, 0, 1, "in [0, 1]");
+    check_number("--prior_loss_weight", o.prior_loss_weight, 0, inf, ">= 0");
+    if (o.num_class_images < 0)
+        throw Error::InvalidArgument(
+            fmt::format("--num_class_images must be >= 0, got {}", o.num_class_images));
+    if (!o.class_cache_dir.empty() && o.joint_training_interval > 0)
+        throw Error::InvalidArgument(
+            "--with_prior_preservation pairs images with class images; --joint_training_interval "
+            "is for video caches");
     if (!o.pretrained_model_name_or_path.empty() && !o.transformer_config.empty()) {
         throw Error::InvalidArgument(
             "give --pretrained_model_name_or_path or --transformer_config, not both");
@@ -145,9 +155,11 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
 
 // The samplers of a run: one over every bucket, or with --joint_training_interval k one over the
 // video windows and one over the images, the images' drawn at every step s > 0 with s % k == 0
-// (as SANA-Video's trainer counts its global step).
+// (as SANA-Video's trainer counts its global step). With prior preservation the main sampler
+// draws pairs of an instance and a class sample (prior_pairs.h).
 struct Samplers {
     std::unique_ptr<train::BucketSampler> main, images;
+    std::optional<train::PriorPairs> prior;
 
     // The batch of the step `step` (0-based: the steps done before it).
     std::vector<int64_t> next(int64_t step, int64_t interval) {
@@ -156,9 +168,23 @@ struct Samplers {
     }
 };
 
-Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set) {
+Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set,
+                       const train::TrainingSet* classes) {
     Samplers s;
     const auto buckets = train::repeat_samples(set.buckets(), o.repeats);
+    if (classes != nullptr) {
+        s.prior = train::pair_with_class_samples(buckets, classes->buckets(), o.num_class_images);
+        std::set<int64_t> used;
+        for (const auto& [instance, cls] : s.prior->pairs) used.insert(cls);
+        log_info(
+            "train: prior preservation: {} class samples of {} paired with {} instance samples "
+            "({} pairs an epoch), prior loss weight {:g}",
+            used.size(), classes->samples().size(), set.samples().size(), s.prior->pairs.size(),
+            o.prior_loss_weight);
+        s.main =
+            std::make_unique<train::BucketSampler>(s.prior->buckets, o.train_batch_size, o.seed);
+        return s;
+    }
     if (o.joint_training_interval == 0) {
         s.main = std::make_unique<train::BucketSampler>(buckets, o.train_batch_size, o.seed);
         return s;
@@ -352,12 +378,47 @@ struct StepSinks {
 
 // The optimizer steps from where the run stands to max_train_steps: each logged, written to the
 // sinks, and checkpointed every --checkpointing_steps.
+// The instance samples and, with prior preservation, the class samples.
+struct RunData {
+    const train::TrainingSet& set;
+    const train::TrainingSet* classes = nullptr;
+};
+
+// The next micro-batch of the step `step` (0-based), its samples counted into `samples`: a
+// batch whose samples all turned out damaged (--skip_corrupt) is passed over. With prior
+// preservation, the drawn pairs' instance samples then their class samples, weighted.
+train::MicroBatch draw_micro_batch(const TrainOptions& o, const RunData& data, Samplers& samplers,
+                                   int64_t step, at::Generator& gen, int64_t& samples) {
+    for (;;) {
+        const std::vector<int64_t> drawn = samplers.next(step, o.joint_training_interval);
+        if (!samplers.prior) {
+            const train::TrainingBatch b = data.set.load(drawn, o.caption_dropout, gen);
+            if (b.indices.empty()) continue;
+            samples += static_cast<int64_t>(b.indices.size());
+            return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
+        }
+        std::vector<int64_t> instances, classes;
+        for (const int64_t pair : drawn) {
+            const auto& [instance, cls] = samplers.prior->pairs.at(static_cast<size_t>(pair));
+            instances.push_back(instance);
+            classes.push_back(cls);
+        }
+        const train::TrainingBatch b = data.set.load(instances, o.caption_dropout, gen);
+        const train::TrainingBatch c = data.classes->load(classes, o.caption_dropout, gen);
+        if (b.indices.empty() || c.indices.empty()) continue;
+        samples += static_cast<int64_t>(b.indices.size() + c.indices.size());
+        const train::PriorBatch joined = train::join_prior_batch(b, c, o.prior_loss_weight);
+        return train::MicroBatch{joined.batch.latents, joined.batch.prompt_embeds,
+                                 joined.batch.prompt_mask, joined.sample_weights};
+    }
+}
+
 // One step of the run. With --auto_fit a step that runs out of memory is run again with the next
 // remedy (stages/train/auto_fit.h) on the same samples and noise: the samplers and the generators
 // are put back where the failed attempt found them.
-train::StepResult fitted_step(const TrainOptions& o, const train::TrainingSet& set,
-                              Samplers& samplers, const training::RunParts& run,
-                              TrainReport& report, int64_t& samples) {
+train::StepResult fitted_step(const TrainOptions& o, const RunData& data, Samplers& samplers,
+                              const training::RunParts& run, TrainReport& report,
+                              int64_t& samples) {
     train::TrainStep& trainer = run.step;
     at::Generator& gen = run.data_gen;
     at::Generator global = at::detail::getDefaultCPUGenerator();
@@ -371,23 +432,20 @@ train::StepResult fitted_step(const TrainOptions& o, const train::TrainingSet& s
         try {
             return trainer.step(
                 [&](int64_t k) {
-                    train::TrainingBatch b;
-                    const int64_t step = trainer.steps_done();
-                    while (b.indices.empty()) {
-                        b = set.load(samplers.next(step, o.joint_training_interval),
-                                     o.caption_dropout, gen);
-                    }
-                    samples += static_cast<int64_t>(b.indices.size());
+                    train::MicroBatch mb =
+                        draw_micro_batch(o, data, samplers, trainer.steps_done(), gen, samples);
                     if (k == 0)
-                        report.batch_frames.push_back(b.latents.dim() == 5 ? b.latents.size(2) : 1);
-                    return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
+                        report.batch_frames.push_back(mb.latents.dim() == 5 ? mb.latents.size(2)
+                                                                            : 1);
+                    return mb;
                 },
                 gen);
         } catch (const Error& e) {
             if (!o.auto_fit || e.code() != ErrorCode::kOutOfMemory || !trainer.retryable()) throw;
             train::TrainStepOptions adapted = trainer.options();
+            const int64_t micro_batch = o.train_batch_size * (data.classes != nullptr ? 2 : 1);
             const auto change =
-                train::relieve(adapted, o.train_batch_size, trainer.model().latent_rank() == 5);
+                train::relieve(adapted, micro_batch, trainer.model().latent_rank() == 5);
             if (!change) {
                 throw Error::OutOfMemory(fmt::format(
                     "{} (--auto_fit turned on every remedy it may: the micro-batch split, "
@@ -437,7 +495,7 @@ private:
     std::string path_;  // empty: nothing to write
 };
 
-void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& samplers,
+void run_steps(const TrainOptions& o, const RunData& data, Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
                std::optional<std::string>& last_checkpoint, StepSinks& sinks,
                training::Validator& validator) {
@@ -448,7 +506,7 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
     while (trainer.steps_done() < o.max_train_steps) {
         const auto start = std::chrono::steady_clock::now();
         int64_t samples = 0;
-        const train::StepResult r = fitted_step(o, set, samplers, run, report, samples);
+        const train::StepResult r = fitted_step(o, data, samplers, run, report, samples);
         stop_if_diverged(o, r, last_checkpoint);
         report.losses.push_back(r.loss);
         snapshot.after_step(r.step, o.max_train_steps);
@@ -483,10 +541,11 @@ void run_steps(const TrainOptions& o, const train::TrainingSet& set, Samplers& s
 }
 
 // Everything after the data is open: the model, the optimizer, the steps, the final weights.
-TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
-                       const train::TrainingSet& set, Samplers samplers, c10::Device device,
+TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache, const RunData& data,
+                       Samplers samplers, c10::Device device,
                        std::shared_ptr<train::GradientSync> sync,
                        std::chrono::steady_clock::time_point t0) {
+    const train::TrainingSet& set = data.set;
     auto& memlog = mem::memory_log();
     // Before the model: a prompt missing from the cache is refused before any work.
     training::Validator validator(o, set, cache, steps_per_epoch(o, samplers), device);
@@ -502,7 +561,10 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     if (budget == 0 && o.auto_fit && device.is_cuda())
         budget = mem::cuda_free_bytes(std::max<int>(0, device.index()));
     if (o.auto_fit && budget > 0) {
-        start = training::plan_start_of_run(o, set, *transformer, start, budget, device, planned);
+        TrainOptions joined = o;  // prior preservation: each batch is twice the samples
+        if (data.classes != nullptr) joined.train_batch_size *= 2;
+        start =
+            training::plan_start_of_run(joined, set, *transformer, start, budget, device, planned);
     }
     transformer->module().to(device);
     const training::NamedTensors trainable = model::trainable_parameters(transformer->module());
@@ -526,7 +588,12 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
                              start, device, std::move(sync));
     at::Generator gen =
         at::detail::createCPUGenerator(o.seed + 1);  // noise, timesteps, caption dropout
-    const std::map<std::string, std::string> settings = training::run_settings(o, source, set);
+    std::map<std::string, std::string> settings = training::run_settings(o, source, set);
+    if (data.classes != nullptr) {  // the class samples are the run's data too
+        settings["class_data"] = data.classes->content_hash();
+        settings["num_class_images"] = std::to_string(o.num_class_images);
+        settings["prior_loss_weight"] = fmt::format("{}", o.prior_loss_weight);
+    }
     const training::RunParts run{trainer,  *samplers.main,        gen,   trainable,
                                  settings, samplers.images.get(), device};
 
@@ -563,13 +630,13 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
             sinks.tensorboard.emplace(
                 (fs::path(o.output_dir) / o.logging_dir / "sanaflow").string());
     }
-    run_steps(o, set, samplers, run, report, last_checkpoint, sinks, validator);
+    run_steps(o, data, samplers, run, report, last_checkpoint, sinks, validator);
 
     report.weights_path = save_final_weights_safely(o, *transformer, run, report.losses);
     trainer.gradient_sync().barrier("the final weights");
     memlog.mark("train", "end");
     mem::release_memory("train end");
-    report.damaged_samples = set.damaged();
+    report.damaged_samples = set.damaged() + (data.classes ? data.classes->damaged() : 0);
     if (report.damaged_samples > 0) {
         log_warn("train: --skip_corrupt: {} damaged samples were left out", report.damaged_samples);
     }
@@ -637,6 +704,32 @@ DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
     return {std::make_shared<distributed::DataParallelSync>(world), device, env.world_size};
 }
 
+// With prior preservation, the class cache's samples, checked to join the instance batches: image
+// latents of the same VAE's channels and caption features of the same width.
+std::optional<train::TrainingSet> open_class_samples(const TrainOptions& o,
+                                                     const train::TrainingSet& set) {
+    if (o.class_cache_dir.empty()) return std::nullopt;
+    const storage::Cache cache = storage::Cache::open(o.class_cache_dir, /*create=*/false);
+    train::TrainingSet classes = train::TrainingSet::open(cache, o.skip_corrupt);
+    if (set.latent_rank() != 3) {
+        throw Error::InvalidArgument(
+            "--with_prior_preservation is for image caches (DC-AE latents): " + o.cache_dir +
+            " holds video latents");
+    }
+    if (classes.latent_rank() != set.latent_rank() ||
+        classes.latent_channels() != set.latent_channels() ||
+        classes.latent_downsample() != set.latent_downsample() ||
+        classes.text_hidden() != set.text_hidden()) {
+        throw Error::InvalidArgument(fmt::format(
+            "the class cache {} was encoded otherwise than {} (latents of {} channels at 1/{} "
+            "against {} at 1/{}, captions {} wide against {}): prep both with the same models",
+            o.class_cache_dir, o.cache_dir, classes.latent_channels(), classes.latent_downsample(),
+            set.latent_channels(), set.latent_downsample(), classes.text_hidden(),
+            set.text_hidden()));
+    }
+    return classes;
+}
+
 TrainReport run_train(const TrainOptions& options) {
     validate(options);
     const TrainOptions& o = options;  // until the samplers resolve the run's steps
@@ -680,9 +773,11 @@ TrainReport run_train(const TrainOptions& options) {
         shards.push_back(storage::Cache::open(dir, /*create=*/false));
     const storage::Cache& cache = shards.front();
     const train::TrainingSet set = train::TrainingSet::open(shards, o.skip_corrupt);
-    Samplers samplers = make_samplers(global, set);
+    const std::optional<train::TrainingSet> classes = open_class_samples(o, set);
+    Samplers samplers = make_samplers(global, set, classes ? &*classes : nullptr);
     const TrainOptions resolved = resolve_run(global, samplers);  // before samplers move
-    return train_loop(resolved, cache, set, std::move(samplers), ranks.device, ranks.sync, t0);
+    return train_loop(resolved, cache, RunData{set, classes ? &*classes : nullptr},
+                      std::move(samplers), ranks.device, ranks.sync, t0);
 }
 
 }  // namespace sf::pipelines

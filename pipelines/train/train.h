@@ -92,6 +92,15 @@ struct TrainOptions {
     double i2v_probability = 0;  // a video batch is image-to-video (frame 0 clean) this often
     std::string chunk_index;     // "0,3,6": latent frames where timestep chunks start
 
+    // Prior preservation (stages/train/prior_pairs.h): a cache of class images (the
+    // --class_data_dir that `sanaflow train --with_prior_preservation` generates and preps into
+    // OUTPUT_DIR/class_cache); "" off. Each batch pairs its samples with as many class samples,
+    // and the loss adds prior_loss_weight times theirs. num_class_images: the first that many
+    // class samples are used (0: all).
+    std::string class_cache_dir;
+    double prior_loss_weight = 1.0;
+    int64_t num_class_images = 100;
+
     // LoRA: rank 0 trains every weight.
     int64_t rank = 4;
     double lora_alpha = 4;    // 0: = rank

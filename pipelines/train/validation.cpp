@@ -35,14 +35,6 @@ namespace {
 // Validation videos play at SANA-Video's rate (the cache does not keep the clips' own).
 constexpr int kVideoFps = 16;
 
-// The VAE that encoded the cache: the pretrained root's vae/ when it has one, else the built-in
-// one prep draws from the same seed (DC-AE for images, the Wan VAE for video latents).
-stages::ModelSource validation_vae(const TrainOptions& o, bool video) {
-    const std::string& root = o.pretrained_model_name_or_path;
-    if (!root.empty() && fs::is_directory(fs::path(root) / "vae")) return {root, "", o.seed};
-    return {"", video ? "wan-vae-tiny" : "dc-ae-tiny", o.seed};
-}
-
 // The bucket with the most samples (the first by name among equals): the shape the run trains on.
 train::Bucket largest_bucket(const train::TrainingSet& set) {
     const train::Bucket* best = nullptr;
@@ -94,6 +86,26 @@ cv::Mat frame_strip(const at::Tensor& frames) {
 
 }  // namespace
 
+stages::ModelSource cache_vae(const TrainOptions& o, bool video) {
+    const std::string& root = o.pretrained_model_name_or_path;
+    if (!root.empty() && fs::is_directory(fs::path(root) / "vae")) return {root, "", o.seed};
+    return {"", video ? "wan-vae-tiny" : "dc-ae-tiny", o.seed};
+}
+
+void check_cache_vae(storage::Cache cache, const stages::ModelSource& vae, bool video,
+                     const std::string& flag) {
+    const auto stored =
+        cache.fingerprint(video ? schema::kEncodeVideoVAEStage : schema::kEncodeVAEStage);
+    const std::string weights = stages::weights_fingerprint(vae, "vae");
+    if (!stored || stored->count("weights") == 0 || stored->at("weights") != weights) {
+        throw Error::InvalidArgument(fmt::format(
+            "{}: the cache's latents were encoded by another VAE than {} (the one that would "
+            "decode them): give --pretrained_model_name_or_path the diffusers root whose vae/ "
+            "prep used",
+            flag, vae.is_pretrained() ? vae.pretrained + "/vae" : "the built-in " + vae.builtin));
+    }
+}
+
 Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, storage::Cache cache,
                      int64_t steps_per_epoch, c10::Device device)
     : o_(o),
@@ -138,17 +150,8 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
             "--validation_guidance_scale > 1 needs the empty prompt's features: rerun prep");
     if (empty_.defined()) empty_ = empty_.to(at::kFloat);
 
-    vae_ = validation_vae(o, video_);
-    const auto stored =
-        cache.fingerprint(video_ ? schema::kEncodeVideoVAEStage : schema::kEncodeVAEStage);
-    const std::string weights = stages::weights_fingerprint(vae_, "vae");
-    if (!stored || stored->count("weights") == 0 || stored->at("weights") != weights) {
-        throw Error::InvalidArgument(fmt::format(
-            "--validation_prompt: the cache's latents were encoded by another VAE than {} (the "
-            "one validation would decode with): give --pretrained_model_name_or_path the diffusers "
-            "root whose vae/ prep used",
-            vae_.is_pretrained() ? vae_.pretrained + "/vae" : "the built-in " + vae_.builtin));
-    }
+    vae_ = cache_vae(o, video_);
+    check_cache_vae(cache, vae_, video_, "--validation_prompt");
     const train::Bucket bucket = largest_bucket(set);
     at::Generator gen = at::detail::createCPUGenerator(0);
     const train::TrainingBatch one = set.load({set.buckets().at(bucket).front()}, 0, gen);

@@ -31,6 +31,13 @@ class DiffusionTransformer;
 
 namespace sf::pipelines::training {
 
+// The VAE that encoded a cache: the pretrained root's vae/ when it has one, else the built-in one
+// prep draws from the same seed (DC-AE for images, the Wan VAE for video latents).
+stages::ModelSource cache_vae(const TrainOptions& o, bool video);
+// kInvalidArgument, naming `flag`, unless `vae`'s weights are those that encoded `cache`'s latents.
+void check_cache_vae(storage::Cache cache, const stages::ModelSource& vae, bool video,
+                     const std::string& flag);
+
 struct ValidationResult {
     std::string dir;
     std::vector<std::string> images;  // the samples' PNGs (or MP4s), grid.png not among them

@@ -126,7 +126,8 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
 }
 
 at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
-                              const at::Tensor& frame_weights, const at::Tensor& loss_weights) {
+                              const at::Tensor& frame_weights, const at::Tensor& loss_weights,
+                              const at::Tensor& sample_weights) {
     const at::Tensor diff = prediction.to(at::kFloat) - target.to(at::kFloat);
     const int64_t batch = diff.size(0);
     at::Tensor squared = diff.pow(2);
@@ -137,12 +138,19 @@ at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& ta
         if (loss_weights.dim() == 2) shape[2] = loss_weights.size(1);
         squared = squared * loss_weights.to(at::kFloat).view(shape);
     }
-    if (!frame_weights.defined()) return squared.reshape({batch, -1}).mean(1).mean();
-    // [B, C, f, h, w] * [B, 1, f, 1, 1]: the frames out of the loss contribute nothing.
-    const at::Tensor w = frame_weights.to(at::kFloat).view({batch, 1, -1, 1, 1});
-    const at::Tensor per_sample = (squared * w).reshape({batch, -1}).sum(1);
-    const double per_frame = static_cast<double>(diff.numel() / batch / diff.size(2));
-    return (per_sample / (frame_weights.to(at::kFloat).sum(1) * per_frame)).mean();
+    at::Tensor per_sample;  // [B]
+    if (!frame_weights.defined()) {
+        per_sample = squared.reshape({batch, -1}).mean(1);
+    } else {
+        // [B, C, f, h, w] * [B, 1, f, 1, 1]: the frames out of the loss contribute nothing.
+        const at::Tensor w = frame_weights.to(at::kFloat).view({batch, 1, -1, 1, 1});
+        const double per_frame = static_cast<double>(diff.numel() / batch / diff.size(2));
+        per_sample = (squared * w).reshape({batch, -1}).sum(1) /
+                     (frame_weights.to(at::kFloat).sum(1) * per_frame);
+    }
+    if (sample_weights.defined())
+        per_sample = per_sample * sample_weights.to(per_sample.device(), at::kFloat);
+    return per_sample.mean();
 }
 
 }  // namespace sf::train

@@ -73,9 +73,11 @@ NoisedBatch flow_matching_noise(const at::Tensor& latents, const FlowMatchingCon
 // Mean squared error between prediction and target, computed in fp32, each element weighted by
 // `loss_weights` ([B], or [B, f] per frame) when given: per sample the mean over its elements
 // (over the frames whose weight is 1 when `frame_weights` [B, f] is given), then the mean over
-// the batch.
+// the batch, each sample's mean multiplied by `sample_weights` [B] when given (prior
+// preservation's instance and class weights: prior_pairs.h).
 at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
                               const at::Tensor& frame_weights = at::Tensor(),
-                              const at::Tensor& loss_weights = at::Tensor());
+                              const at::Tensor& loss_weights = at::Tensor(),
+                              const at::Tensor& sample_weights = at::Tensor());
 
 }  // namespace sf::train

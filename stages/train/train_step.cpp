@@ -396,7 +396,7 @@ void TrainStep::forward_backward(MicroBatch& mb, const NoisedBatch& noised, bool
             SF_CHECK(prediction.sizes() == part(noised.target).sizes(),
                      "the velocity's shape is not the latents'");
             loss = flow_matching_loss(prediction, part(noised.target), part(noised.frame_weights),
-                                      part(noised.loss_weights));
+                                      part(noised.loss_weights), part(mb.sample_weights));
             if (!whole || mine.weight != 1.0) loss = loss * share;
         }
         loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();

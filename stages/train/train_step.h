@@ -38,6 +38,9 @@ struct MicroBatch {
     at::Tensor latents;        // [B, C, h, w] or [B, C, f, h, w] clean latents (normalised)
     at::Tensor prompt_embeds;  // [B, L, caption_channels]
     at::Tensor prompt_mask;    // [B, L], 1 for a token; may be undefined
+    // [B] fp32: each sample's loss multiplied by it (prior preservation: prior_pairs.h); may be
+    // undefined (all 1).
+    at::Tensor sample_weights = at::Tensor();
 };
 
 struct TrainStepOptions {

@@ -18,8 +18,6 @@ constexpr const char* kNoPush =
 constexpr const char* kNoHubData =
     "hub datasets are not read: give --instance_data_dir (images with same-stem .txt captions "
     "or --instance_prompt) or --manifest";
-constexpr const char* kNoPrior =
-    "prior preservation (generated class images) is not built: train on your own images only";
 constexpr const char* kNoProdigy = "only AdamW is built (not Prodigy)";
 
 // Upstream's flags (diffusers v0.33.1 train_dreambooth_lora_sana.py) this tool does not take.
@@ -33,13 +31,6 @@ const std::map<std::string, std::string>& refused() {
         {"dataset_name", kNoHubData},
         {"dataset_config_name", kNoHubData},
         {"image_column", kNoHubData},
-        {"with_prior_preservation", kNoPrior},
-        {"class_data_dir", kNoPrior},
-        {"class_prompt", kNoPrior},
-        {"num_class_images", kNoPrior},
-        {"prior_loss_weight", kNoPrior},
-        {"sample_batch_size", kNoPrior},
-        {"prior_generation_precision", kNoPrior},
         {"prodigy_beta3", kNoProdigy},
         {"prodigy_decouple", kNoProdigy},
         {"prodigy_use_bias_correction", kNoProdigy},

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "pipelines/prep/prep.h"
+#include "pipelines/train/class_images.h"
 #include "pipelines/train/train.h"
 
 namespace sf::tools {
@@ -20,6 +21,10 @@ struct TrainCommand {
     bool cache_latents = false;
     bool upcast_before_saving = false;
     pipelines::PrepOptions prep;
+    // Prior preservation: the class images generated where missing, prepped into
+    // OUTPUT_DIR/class_cache (pipelines/train/class_images.h), trained beside the instances.
+    bool with_prior_preservation = false;
+    pipelines::ClassImageOptions classes;
 };
 
 // Every flag of `sanaflow train` but prep's data flags (add_prep_data_flags) and --config.

@@ -1,0 +1,208 @@
+#include "pipelines/train/class_images.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "core/device_options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "core/timeline.h"
+#include "graph/device_lease.h"
+#include "graph/progress.h"
+#include "model/common/autocast.h"
+#include "model/common/diffusion_transformer.h"
+#include "pipelines/train/train_setup.h"
+#include "pipelines/train/validation.h"
+#include "stages/image/dataset.h"
+#include "stages/sample/decode_latents.h"
+#include "stages/sample/flow_sampler.h"
+#include "storage/atomic_file.h"
+#include "storage/cache.h"
+#include "storage/xxh3.h"
+
+namespace sf::pipelines {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kJpegQuality = 95;
+// Most images --num_class_images may ask for (upstream's default is 100).
+constexpr int64_t kMostClassImages = 100'000;
+
+void validate(const ClassImageOptions& c) {
+    if (c.class_data_dir.empty())
+        throw Error::InvalidArgument(
+            "--with_prior_preservation needs --class_data_dir (where the class images are)");
+    if (c.class_prompt.empty())
+        throw Error::InvalidArgument(
+            "--with_prior_preservation needs --class_prompt (the class images' caption)");
+    if (c.num_class_images < 1 || c.num_class_images > kMostClassImages)
+        throw Error::InvalidArgument(fmt::format("--num_class_images must be in [1, {}], got {}",
+                                                 kMostClassImages, c.num_class_images));
+    if (c.sample_batch_size < 1)
+        throw Error::InvalidArgument(
+            fmt::format("--sample_batch_size must be >= 1, got {}", c.sample_batch_size));
+    static const char* const precisions[] = {"", "no", "fp32", "fp16", "bf16"};
+    if (std::find(std::begin(precisions), std::end(precisions), c.precision) ==
+        std::end(precisions))
+        throw Error::InvalidArgument(fmt::format(
+            "--prior_generation_precision must be no, fp32, fp16 or bf16, got '{}'", c.precision));
+}
+
+// The noise of class image `index`: its own generator, from the seed and the index alone.
+at::Tensor class_noise(uint64_t seed, int64_t index, at::IntArrayRef sizes) {
+    at::Generator gen = at::detail::createCPUGenerator(
+        (seed + 1) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index));
+    return at::randn(sizes, gen, at::TensorOptions(at::kFloat));
+}
+
+// [3, H, W] uint8 RGB -> JPEG bytes.
+std::string encode_jpeg(const at::Tensor& rgb) {
+    const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
+    const cv::Mat image(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)), CV_8UC3,
+                        hwc.data_ptr<uint8_t>());
+    cv::Mat bgr;
+    cv::cvtColor(image, bgr, cv::COLOR_RGB2BGR);
+    std::vector<uchar> bytes;
+    if (!cv::imencode(".jpg", bgr, bytes, {cv::IMWRITE_JPEG_QUALITY, kJpegQuality}))
+        throw Error::IOError("class images: the JPEG encoder failed");
+    return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+int64_t count_class_images(const std::string& dir) {
+    const stages::DatasetConfig defaults;
+    int64_t n = 0;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+         it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.empty() || name[0] == '.') {
+            it.disable_recursion_pending();  // prep skips dot names, files and folders alike
+            continue;
+        }
+        std::string ext = it->path().extension().string();
+        if (!it->is_regular_file() || ext.size() < 2) continue;
+        ext = ext.substr(1);
+        std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+        n += std::count(defaults.extensions.begin(), defaults.extensions.end(), ext);
+    }
+    return n;
+}
+
+ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c) {
+    validate(c);
+    std::error_code ec;
+    fs::create_directories(c.class_data_dir, ec);
+    if (ec || !fs::is_directory(c.class_data_dir))
+        throw Error::IOError(fmt::format("--class_data_dir {}: cannot create it: {}",
+                                         c.class_data_dir, ec.message()));
+    ClassImageReport report;
+    report.found = count_class_images(c.class_data_dir);
+    if (report.found >= c.num_class_images) {
+        log_info("train: prior preservation: {} class images in {} (--num_class_images {})",
+                 report.found, c.class_data_dir, c.num_class_images);
+        return report;
+    }
+    const mem::Span span("train", "class images");
+    const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
+    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
+    if (set.latent_rank() != 3) {
+        throw Error::InvalidArgument(
+            "--with_prior_preservation is for images (DC-AE latents): the cache " + o.cache_dir +
+            " holds video latents");
+    }
+    const at::Tensor prompt = set.validation_prompt(c.class_prompt);
+    if (!prompt.defined() || !set.empty_prompt().defined())
+        throw Error::InvalidArgument(fmt::format(
+            "--class_prompt \"{}\" or the empty prompt is not in the cache {}: prep encodes them "
+            "(train with --instance_data_dir, which preps first)",
+            c.class_prompt, o.cache_dir));
+    const stages::ModelSource vae = training::cache_vae(o, /*video=*/false);
+    training::check_cache_vae(cache, vae, /*video=*/false, "--with_prior_preservation");
+
+    // Which images to make, by bucket: image i at instance sample (i mod n)'s bucket.
+    const int64_t missing = c.num_class_images - report.found;
+    std::map<train::Bucket, std::vector<int64_t>> by_bucket;
+    const auto& samples = set.samples();
+    for (int64_t i = report.found; i < c.num_class_images; ++i)
+        by_bucket[samples[static_cast<size_t>(i) % samples.size()].bucket].push_back(i);
+    log_info("train: prior preservation: {} class images in {}; generating {} of \"{}\"",
+             report.found, c.class_data_dir, missing, c.class_prompt);
+
+    const c10::Device device = resolve_device(o.device);
+    const std::string precision = c.precision.empty() ? o.mixed_precision : c.precision;
+    const bool autocast = precision == "fp16" || precision == "bf16";
+    std::map<int64_t, at::Tensor> latents;  // index -> [1, C, h, w] on the CPU
+    graph::Progress progress("class images", missing);
+    {
+        auto lease = graph::device_lease().acquire("generate_class_images");
+        TrainOptions base = o;  // the pretrained transformer as it is: no adapters
+        base.rank = 0;
+        base.lora_dropout = 0;
+        std::string source;
+        const auto transformer = training::build_transformer(base, set, source);
+        transformer->module().to(device);
+        transformer->module().eval();
+        at::NoGradGuard no_grad;
+        model::AutocastGuard guard(device.type(),
+                                   autocast ? resolve_dtype(precision) : at::kBFloat16, autocast);
+        const std::vector<double> sigmas =
+            sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);
+        const at::Tensor empty = set.empty_prompt().to(device, at::kFloat);
+        const int64_t down = set.latent_downsample();
+        for (const auto& [bucket, indices] : by_bucket) {
+            for (size_t first = 0; first < indices.size();
+                 first += static_cast<size_t>(c.sample_batch_size)) {
+                const size_t last =
+                    std::min(indices.size(), first + static_cast<size_t>(c.sample_batch_size));
+                const auto n = static_cast<int64_t>(last - first);
+                std::vector<at::Tensor> noise;
+                for (size_t k = first; k < last; ++k)
+                    noise.push_back(class_noise(o.seed, indices[k],
+                                                {1, set.latent_channels(), bucket.height / down,
+                                                 bucket.width / down}));
+                const at::Tensor caption =
+                    prompt.to(device, at::kFloat).unsqueeze(0).expand({n, -1, -1});
+                const at::Tensor mask =
+                    torch::ones({n, prompt.size(0)}, at::TensorOptions(at::kLong)).to(device);
+                const sample::Velocity v = sample::guided_velocity(
+                    *transformer, caption, mask, empty, o.validation_guidance_scale);
+                const at::Tensor x = sample::euler_sample(v, at::cat(noise).to(device), sigmas);
+                for (size_t k = first; k < last; ++k)
+                    latents[indices[k]] =
+                        x.narrow(0, static_cast<int64_t>(k - first), 1).to(at::kCPU, at::kFloat);
+                progress.advance(n);
+            }
+        }
+    }
+    mem::release_memory("class images after sampling");
+    {
+        auto lease = graph::device_lease().acquire("decode_class_images");
+        sample::LatentDecoder decoder(vae, device);
+        for (const auto& [index, latent] : latents) {
+            const std::string jpeg = encode_jpeg(decoder.decode(latent)[0]);
+            const std::string path =
+                (fs::path(c.class_data_dir) /
+                 fmt::format("{}-{}.jpg", index, storage::xxh3_128_hex(jpeg)))
+                    .string();
+            storage::write_file_atomic(path, jpeg);
+            report.written.push_back(path);
+        }
+    }
+    progress.finish();
+    mem::release_memory("class images end");
+    log_info("train: prior preservation: wrote {} class images to {}", report.written.size(),
+             c.class_data_dir);
+    return report;
+}
+
+}  // namespace sf::pipelines

@@ -1,0 +1,46 @@
+// The class images of prior preservation, generated as diffusers' train_dreambooth_lora_sana.py
+// generates them before training: when --class_data_dir holds fewer than --num_class_images
+// images, the base transformer (no adapters) samples the rest from --class_prompt and the VAE
+// decodes them into JPEGs named "<index>-<hash>.jpg", index counting on from the images found.
+//
+// Here the prompt's features come from the instance cache (prep encodes --class_prompt with the
+// captions), so no text encoder is loaded; the transformer samples them all, then leaves the
+// device before the VAE's decoder arrives, each inside the device lease. Image i is made at the
+// size of the bucket of instance sample i mod n, so every instance bucket gets class images of its
+// shape, from noise seeded by --seed and i alone: a run killed midway leaves whole files only
+// (each written atomically), and the rerun makes the same images for the indices still missing.
+// Sampling is validation's: Euler steps (--validation_inference_steps, 20 as Sana's pipeline) with
+// guidance --validation_guidance_scale (4.5) against the empty prompt.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipelines/train/train.h"
+
+namespace sf::pipelines {
+
+struct ClassImageOptions {
+    std::string class_data_dir;
+    std::string class_prompt;
+    int64_t num_class_images = 100;  // upstream's default
+    int64_t sample_batch_size = 4;   // images sampled together (upstream's default)
+    // The autocast of sampling: "no"/"fp32", "fp16" or "bf16"; "": the run's --mixed_precision.
+    std::string precision;
+};
+
+struct ClassImageReport {
+    int64_t found = 0;                // images in class_data_dir before
+    std::vector<std::string> written;  // the new images' paths, in index order
+};
+
+// The images in `dir` that prep would read (image extensions, no dot names, in subfolders too).
+int64_t count_class_images(const std::string& dir);
+
+// Generates what is missing, using `o`'s cache (the instance samples, with the class prompt's
+// features), model and device. kInvalidArgument naming the flag for bad options, a cache without
+// the class prompt or the empty prompt, or video latents.
+ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c);
+
+}  // namespace sf::pipelines
