@@ -24,6 +24,7 @@
 #include "integration_util.h"
 #include "model/dc_ae/autoencoder_dc_config.h"
 #include "pipelines/prep/prep.h"
+#include "pipelines/train/class_images.h"
 #include "pipelines/train/report/tensorboard.h"
 #include "pipelines/train/train.h"
 #include "stages/train/train_data.h"
@@ -636,6 +637,7 @@ TEST(TrainCli, AYamlConfigWithSectionsListsAndNulls) {
 TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
     const TrainOptions t;
     const sf::pipelines::PrepOptions p;
+    const sf::pipelines::ClassImageOptions k;
     struct Row {
         const char* flag;
         double ours, upstream;
@@ -661,6 +663,9 @@ TEST(TrainCli, DefaultsAreUpstreamsWhereTheMeaningIsTheSame) {
         {"--resolution", static_cast<double>(p.resolution), 512},
         {"--num_validation_images", static_cast<double>(t.num_validation_images), 4},
         {"--validation_epochs", static_cast<double>(t.validation_epochs), 50},
+        {"--num_class_images", static_cast<double>(k.num_class_images), 100},
+        {"--prior_loss_weight", t.prior_loss_weight, 1.0},
+        {"--sample_batch_size", static_cast<double>(k.sample_batch_size), 4},
     };
     for (const Row& r : rows) EXPECT_EQ(r.ours, r.upstream) << r.flag;
     // Strings and switches.

@@ -58,8 +58,8 @@ void validate(const ClassImageOptions& c) {
 
 // The noise of class image `index`: its own generator, from the seed and the index alone.
 at::Tensor class_noise(uint64_t seed, int64_t index, at::IntArrayRef sizes) {
-    at::Generator gen = at::detail::createCPUGenerator(
-        (seed + 1) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index));
+    at::Generator gen = at::detail::createCPUGenerator((seed + 1) * 0x9E3779B97F4A7C15ULL +
+                                                       static_cast<uint64_t>(index));
     return at::randn(sizes, gen, at::TensorOptions(at::kFloat));
 }
 
@@ -167,9 +167,9 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
                 const auto n = static_cast<int64_t>(last - first);
                 std::vector<at::Tensor> noise;
                 for (size_t k = first; k < last; ++k)
-                    noise.push_back(class_noise(o.seed, indices[k],
-                                                {1, set.latent_channels(), bucket.height / down,
-                                                 bucket.width / down}));
+                    noise.push_back(class_noise(
+                        o.seed, indices[k],
+                        {1, set.latent_channels(), bucket.height / down, bucket.width / down}));
                 const at::Tensor caption =
                     prompt.to(device, at::kFloat).unsqueeze(0).expand({n, -1, -1});
                 const at::Tensor mask =
@@ -190,10 +190,9 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
         sample::LatentDecoder decoder(vae, device);
         for (const auto& [index, latent] : latents) {
             const std::string jpeg = encode_jpeg(decoder.decode(latent)[0]);
-            const std::string path =
-                (fs::path(c.class_data_dir) /
-                 fmt::format("{}-{}.jpg", index, storage::xxh3_128_hex(jpeg)))
-                    .string();
+            const std::string path = (fs::path(c.class_data_dir) /
+                                      fmt::format("{}-{}.jpg", index, storage::xxh3_128_hex(jpeg)))
+                                         .string();
             storage::write_file_atomic(path, jpeg);
             report.written.push_back(path);
         }

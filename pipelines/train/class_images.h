@@ -31,7 +31,7 @@ struct ClassImageOptions {
 };
 
 struct ClassImageReport {
-    int64_t found = 0;                // images in class_data_dir before
+    int64_t found = 0;                 // images in class_data_dir before
     std::vector<std::string> written;  // the new images' paths, in index order
 };
 

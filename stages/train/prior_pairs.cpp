@@ -19,7 +19,8 @@ PriorPairs pair_with_class_samples(const std::map<Bucket, std::vector<int64_t>>&
     std::map<Bucket, std::vector<int64_t>> kept = classes;
     if (class_limit > 0) {
         std::vector<int64_t> all;
-        for (const auto& [bucket, indices] : classes) all.insert(all.end(), indices.begin(), indices.end());
+        for (const auto& [bucket, indices] : classes)
+            all.insert(all.end(), indices.begin(), indices.end());
         std::sort(all.begin(), all.end());
         if (static_cast<int64_t>(all.size()) > class_limit) {
             const int64_t last = all[static_cast<size_t>(class_limit - 1)];
@@ -34,7 +35,8 @@ PriorPairs pair_with_class_samples(const std::map<Bucket, std::vector<int64_t>>&
     for (const auto& [bucket, inst] : instances) {
         const auto it = kept.find(bucket);
         if (it == kept.end() || it->second.empty()) {
-            uncovered.push_back(fmt::format("{} ({} instance samples)", bucket.name(), inst.size()));
+            uncovered.push_back(
+                fmt::format("{} ({} instance samples)", bucket.name(), inst.size()));
             continue;
         }
         const std::vector<int64_t>& cls = it->second;
@@ -63,7 +65,8 @@ PriorBatch join_prior_batch(const TrainingBatch& instances, const TrainingBatch&
     SF_CHECK(instances.latents.sizes().slice(1) == classes.latents.sizes().slice(1),
              "instance and class latents of different shapes");
     const int64_t n = instances.latents.size(0), m = classes.latents.size(0);
-    const int64_t longest = std::max(instances.prompt_embeds.size(1), classes.prompt_embeds.size(1));
+    const int64_t longest =
+        std::max(instances.prompt_embeds.size(1), classes.prompt_embeds.size(1));
     auto pad = [longest](const at::Tensor& t) {
         if (t.size(1) == longest) return t;
         std::vector<int64_t> shape = t.sizes().vec();
@@ -76,9 +79,9 @@ PriorBatch join_prior_batch(const TrainingBatch& instances, const TrainingBatch&
     out.batch.prompt_mask = at::cat({pad(instances.prompt_mask), pad(classes.prompt_mask)});
     out.batch.indices = instances.indices;
     const double total = static_cast<double>(n + m);
-    out.sample_weights = at::cat({at::full({n}, total / static_cast<double>(n), at::kFloat),
-                                  at::full({m}, prior_loss_weight * total / static_cast<double>(m),
-                                           at::kFloat)});
+    out.sample_weights =
+        at::cat({at::full({n}, total / static_cast<double>(n), at::kFloat),
+                 at::full({m}, prior_loss_weight * total / static_cast<double>(m), at::kFloat)});
     return out;
 }
 
