@@ -166,6 +166,20 @@ TEST(TrainPrior, MissingClassFlagsAreNamedBeforeAnyWork) {
     EXPECT_EQ(cache_only.exit_code, 2) << cache_only.output;
     EXPECT_NE(cache_only.output.find("give --instance_data_dir"), std::string::npos)
         << cache_only.output;
+    // fp16 generation where autocast refuses it (the CPU of LibTorch 1.13) is named before prep.
+    const auto fp16 = sf::test::run_command(
+        kSanaflow + " train --instance_data_dir " + tmp.file("data") +
+        " --with_prior_preservation --class_data_dir " + tmp.file("c") +
+        " --class_prompt dog --prior_generation_precision fp16 --max_train_steps 1 "
+        "--train_batch_size 1 --validation_inference_steps 1 --output_dir " +
+        tmp.file("fp16"));
+    if (fp16.exit_code != 0) {
+        EXPECT_EQ(fp16.exit_code, 2) << fp16.output;
+        EXPECT_NE(fp16.output.find("give --prior_generation_precision bf16 or fp32"),
+                  std::string::npos)
+            << fp16.output;
+        EXPECT_FALSE(fs::exists(tmp.file("fp16/cache"))) << "refused after work began";
+    }
 }
 
 }  // namespace

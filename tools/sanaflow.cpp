@@ -76,7 +76,7 @@ int run_prep_command(const PrepOptions&) {
 
 // --with_prior_preservation needs its class flags (upstream raises the same); the class flags
 // without it are only warned about, as upstream does.
-void check_prior_flags(const TrainCommand& c, bool prep_first) {
+void check_prior_flags(const TrainOptions& o, const TrainCommand& c, bool prep_first) {
     const sf::pipelines::ClassImageOptions& k = c.classes;
     if (!c.with_prior_preservation) {
         if (!k.class_data_dir.empty())
@@ -85,12 +85,9 @@ void check_prior_flags(const TrainCommand& c, bool prep_first) {
             sf::log_warn("train: --class_prompt has no effect without --with_prior_preservation");
         return;
     }
-    if (k.class_data_dir.empty())
-        throw sf::Error::InvalidArgument(
-            "--with_prior_preservation needs --class_data_dir (where the class images are)");
-    if (k.class_prompt.empty())
-        throw sf::Error::InvalidArgument(
-            "--with_prior_preservation needs --class_prompt (the class images' caption)");
+#if defined(SANAFLOW_WITH_MEDIA)
+    sf::pipelines::check_class_image_options(o, k);
+#endif
     if (!prep_first)
         throw sf::Error::InvalidArgument(
             "--with_prior_preservation preps the class images beside the instance images: give "
@@ -149,7 +146,7 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         (fs::path(o.output_dir) /
          sf::distributed::per_rank_name(sf::mem::kTimelineFileName, sf::distributed::launch_env()))
             .string());
-    check_prior_flags(c, prep_first);
+    check_prior_flags(o, c, prep_first);
     if (prep_first) {
         if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
         PrepOptions p = c.prep;

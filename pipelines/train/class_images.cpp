@@ -36,7 +36,9 @@ constexpr int kJpegQuality = 95;
 // Most images --num_class_images may ask for (upstream's default is 100).
 constexpr int64_t kMostClassImages = 100'000;
 
-void validate(const ClassImageOptions& c) {
+}  // namespace
+
+void check_class_image_options(const TrainOptions& o, const ClassImageOptions& c) {
     if (c.class_data_dir.empty())
         throw Error::InvalidArgument(
             "--with_prior_preservation needs --class_data_dir (where the class images are)");
@@ -54,7 +56,23 @@ void validate(const ClassImageOptions& c) {
         std::end(precisions))
         throw Error::InvalidArgument(fmt::format(
             "--prior_generation_precision must be no, fp32, fp16 or bf16, got '{}'", c.precision));
+    const std::string precision = c.precision.empty() ? o.mixed_precision : c.precision;
+    if (precision == "fp16" || precision == "bf16") {
+        const c10::Device device = resolve_device(o.device);
+        try {
+            model::AutocastGuard probe(device.type(), resolve_dtype(precision));
+        } catch (const Error& e) {
+            throw Error::InvalidArgument(fmt::format(
+                "class images are generated under {} autocast ({}) on {}, which this LibTorch "
+                "refuses ({}): give --prior_generation_precision bf16 or fp32",
+                precision,
+                c.precision.empty() ? "the run's --mixed_precision" : "--prior_generation_precision",
+                device.str(), e.message()));
+        }
+    }
 }
+
+namespace {
 
 // The noise of class image `index`: its own generator, from the seed and the index alone.
 at::Tensor class_noise(uint64_t seed, int64_t index, at::IntArrayRef sizes) {
@@ -99,7 +117,7 @@ int64_t count_class_images(const std::string& dir) {
 }
 
 ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c) {
-    validate(c);
+    check_class_image_options(o, c);
     std::error_code ec;
     fs::create_directories(c.class_data_dir, ec);
     if (ec || !fs::is_directory(c.class_data_dir))

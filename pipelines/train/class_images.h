@@ -38,6 +38,12 @@ struct ClassImageReport {
 // The images in `dir` that prep would read (image extensions, no dot names, in subfolders too).
 int64_t count_class_images(const std::string& dir);
 
+// kInvalidArgument naming the flag: a missing --class_data_dir or --class_prompt, a count or
+// batch out of range, or a generation precision that autocast refuses on `o`'s device (fp16 on a
+// CPU LibTorch 1.13). What generate_class_images checks first, for callers that check before
+// other work.
+void check_class_image_options(const TrainOptions& o, const ClassImageOptions& c);
+
 // Generates what is missing, using `o`'s cache (the instance samples, with the class prompt's
 // features), model and device. kInvalidArgument naming the flag for bad options, a cache without
 // the class prompt or the empty prompt, or video latents.
