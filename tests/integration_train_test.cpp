@@ -240,6 +240,56 @@ TEST(TrainIntegration, LoRASavesAdaptersOnlyAndResumeChecksSettings) {
 // --lora_dropout (peft's lora_dropout): the adapters' input is dropped in training, so the steps
 // differ from a run without it; its masks come from the generators a checkpoint keeps, so a
 // resumed run ends bit-identical to an uninterrupted one; the rate is a setting of the checkpoint.
+// --optimizer prodigy (stages/train/prodigy.h) on LoRA (whose B matrices start at zero: a
+// scalar p0): it trains otherwise than AdamW at its initial step size, a checkpoint (the estimate
+// and the per-parameter tensors) resumes bit-identically, another Prodigy setting and the fused
+// pass are refused, and upstream's spelling of its flags parses.
+TEST(TrainIntegration, ProdigyTrainsAndResumesExactly) {
+    TempDir out("sf_train_prodigy");
+    auto o = train_options(out.file("whole"));
+    o.rank = 4;
+    o.optimizer = "prodigy";
+    o.learning_rate = 1.0;
+    o.max_train_steps = 6;
+    o.checkpointing_steps = 3;
+    const auto whole = sf::pipelines::run_train(o);
+    ASSERT_EQ(whole.losses.size(), 6u);
+    auto adamw = o;
+    adamw.optimizer = "adamw";
+    adamw.learning_rate = 1e-6;  // Prodigy's d0 x its lr: where it starts
+    adamw.output_dir = out.file("adamw");
+    EXPECT_NE(sf::pipelines::run_train(adamw).losses, whole.losses);
+
+    auto split = o;
+    split.output_dir = out.file("split");
+    split.max_train_steps = 3;
+    sf::pipelines::run_train(split);
+    split.max_train_steps = 6;
+    split.resume_from_checkpoint = "latest";
+    const auto resumed = sf::pipelines::run_train(split);
+    EXPECT_EQ(resumed.losses, whole.losses);
+    EXPECT_EQ(sf::test::read_file(resumed.weights_path), sf::test::read_file(whole.weights_path));
+    split.prodigy_safeguard_warmup = false;  // another Prodigy: refused on resume
+    split.max_train_steps = 8;
+    sf::test::expect_error([&] { sf::pipelines::run_train(split); },
+                           sf::ErrorCode::kInvalidArgument, "prodigy_safeguard_warmup");
+    auto fused = o;
+    fused.output_dir = out.file("fused");
+    fused.fused_backward_pass = true;
+    fused.max_grad_norm = 0;
+    sf::test::expect_error([&] { sf::pipelines::run_train(fused); },
+                           sf::ErrorCode::kInvalidArgument, "--optimizer prodigy");
+    // Upstream's spelling on the command line: `type=bool` values, the name in any case.
+    const auto cli = sf::test::run_command(
+        kSanaflow + " train --cache_dir " + shared_cache() + " --output_dir " + out.file("cli") +
+        " --optimizer Prodigy --learning_rate 1 --prodigy_decouple False "
+        "--prodigy_use_bias_correction --prodigy_beta3 0.98 --max_train_steps 1 "
+        "--checkpointing_steps 1 -q");
+    EXPECT_EQ(cli.exit_code, 0) << cli.output;
+    const auto state = sf::test::read_file(out.file("cli/checkpoint-1/state.json"));
+    EXPECT_NE(state.find("\"prodigy_decouple\": \"false\""), std::string::npos) << state;
+}
+
 TEST(TrainIntegration, LoRADropoutChangesTheStepsAndResumesExactly) {
     TempDir out("sf_train_lora_dropout");
     auto o = train_options(out.file("whole"));

@@ -66,7 +66,8 @@ void check_class_image_options(const TrainOptions& o, const ClassImageOptions& c
                 "class images are generated under {} autocast ({}) on {}, which this LibTorch "
                 "refuses ({}): give --prior_generation_precision bf16 or fp32",
                 precision,
-                c.precision.empty() ? "the run's --mixed_precision" : "--prior_generation_precision",
+                c.precision.empty() ? "the run's --mixed_precision"
+                                    : "--prior_generation_precision",
                 device.str(), e.message()));
         }
     }

@@ -197,6 +197,12 @@ std::map<std::string, std::string> run_settings(const TrainOptions& o, const std
     }
     if (o.weighting_scheme == "mode") settings["mode_scale"] = fmt::format("{}", o.mode_scale);
     if (o.optimizer != "adamw") settings["optimizer"] = o.optimizer;
+    if (o.optimizer == "prodigy") {
+        settings["prodigy_beta3"] = fmt::format("{}", o.prodigy_beta3);
+        settings["prodigy_decouple"] = o.prodigy_decouple ? "true" : "false";
+        settings["prodigy_use_bias_correction"] = o.prodigy_use_bias_correction ? "true" : "false";
+        settings["prodigy_safeguard_warmup"] = o.prodigy_safeguard_warmup ? "true" : "false";
+    }
     if (o.adam_beta1 != 0.9) settings["adam_beta1"] = fmt::format("{}", o.adam_beta1);
     if (o.adam_beta2 != 0.999) settings["adam_beta2"] = fmt::format("{}", o.adam_beta2);
     if (o.adam_epsilon != 1e-8) settings["adam_epsilon"] = fmt::format("{}", o.adam_epsilon);
@@ -237,7 +243,9 @@ std::string resolved_config(const TrainOptions& o, model::DiffusionTransformer& 
              "{} (checkpoint every {}, keep {})", o.max_train_steps, o.checkpointing_steps,
              o.checkpoints_total_limit > 0 ? std::to_string(o.checkpoints_total_limit) : "all")},
         {"optimizer", fmt::format("{} lr {} weight decay {}, {} schedule, {} warmup steps, clip {}",
-                                  o.optimizer == "adamw8bit" ? "AdamW (8-bit moments)" : "AdamW",
+                                  o.optimizer == "adamw8bit" ? "AdamW (8-bit moments)"
+                                  : o.optimizer == "prodigy" ? "Prodigy (x its own step size)"
+                                                             : "AdamW",
                                   o.learning_rate, o.adam_weight_decay, o.lr_scheduler,
                                   o.lr_warmup_steps, o.max_grad_norm)},
         {"objective", fmt::format("flow matching, {} timesteps, shift {}, caption dropout {}",

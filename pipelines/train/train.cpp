@@ -58,9 +58,15 @@ void validate(const TrainOptions& o) {
     check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
-    if (o.optimizer != "adamw" && o.optimizer != "adamw8bit") {
+    if (o.optimizer != "adamw" && o.optimizer != "adamw8bit" && o.optimizer != "prodigy") {
         throw Error::InvalidArgument(
-            fmt::format("--optimizer must be adamw or adamw8bit, got '{}'", o.optimizer));
+            fmt::format("--optimizer must be adamw, adamw8bit or prodigy, got '{}'", o.optimizer));
+    }
+    if (o.optimizer == "prodigy" && o.learning_rate <= 0.1) {
+        log_warn(
+            "train: --learning_rate {:g} with --optimizer prodigy: it multiplies Prodigy's own "
+            "step size, and about 1.0 is usual (as upstream warns)",
+            o.learning_rate);
     }
     std::error_code ec;
     if (fs::exists(o.output_dir, ec) && !fs::is_directory(o.output_dir, ec)) {
@@ -582,6 +588,11 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache, const
     adamw.eps = o.adam_epsilon;
     adamw.eight_bit = o.optimizer == "adamw8bit";
     adamw.offload = o.offload_optimizer;
+    adamw.prodigy.enabled = o.optimizer == "prodigy";
+    adamw.prodigy.beta3 = o.prodigy_beta3;
+    adamw.prodigy.decouple = o.prodigy_decouple;
+    adamw.prodigy.use_bias_correction = o.prodigy_use_bias_correction;
+    adamw.prodigy.safeguard_warmup = o.prodigy_safeguard_warmup;
     train::TrainStep trainer(transformer, trainable, adamw,
                              train::LRSchedule(o.lr_scheduler, o.learning_rate, o.lr_warmup_steps,
                                                o.max_train_steps, o.lr_num_cycles, o.lr_power),

@@ -58,8 +58,13 @@ struct TrainOptions {
     int64_t plan_calibration_points = 96;  // plan::kCalibrationPoints: tiny steps per key
 
     // Optimisation.
-    std::string optimizer =
-        "adamw";  // or "adamw8bit": the moments in 8 bits (stages/train/optim.h)
+    // "adamw", "adamw8bit" (the moments in 8 bits: stages/train/optim.h) or "prodigy"
+    // (stages/train/prodigy.h, with the prodigy_* settings below, upstream's defaults).
+    std::string optimizer = "adamw";
+    double prodigy_beta3 = 0;  // 0: sqrt(adam_beta2)
+    bool prodigy_decouple = true;
+    bool prodigy_use_bias_correction = true;
+    bool prodigy_safeguard_warmup = true;
     int64_t train_batch_size = 4;
     int64_t gradient_accumulation_steps = 1;
     bool offload_optimizer = false;  // AdamW's moments in host memory, the update run there

@@ -21,8 +21,19 @@ constexpr double kPolynomialEndLr = 1e-7;
 // host's arithmetic is the slower side).
 constexpr int64_t kMaxPendingHostBytes = int64_t{1} << 30;
 
+void Optimizer::set_owned(std::vector<bool> owned) {
+    SF_CHECK(owned.size() == params_.size(), "an ownership mask of the wrong length");
+    owned_ = std::move(owned);
+}
+
+void Optimizer::zero_grad() {
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+}
+
+void Optimizer::drop_grad(size_t index) { params_[index].second.mutable_grad() = at::Tensor(); }
+
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
-    : params_(std::move(params)), moments_(params_.size()), options_(options) {
+    : Optimizer(std::move(params)), moments_(params_.size()), options_(options) {
     if (options_.lr < 0)
         throw Error::InvalidArgument(
             fmt::format("--learning_rate must be >= 0, got {}", options_.lr));
@@ -115,15 +126,8 @@ void AdamW::update(size_t index, double lr, at::Tensor p, const at::Tensor& grad
     }
 }
 
-void AdamW::zero_grad() {
-    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
-}
-
-void AdamW::drop_grad(size_t index) { params_[index].second.mutable_grad() = at::Tensor(); }
-
 void AdamW::set_owned(std::vector<bool> owned) {
-    SF_CHECK(owned.size() == params_.size(), "an ownership mask of the wrong length");
-    owned_ = std::move(owned);
+    Optimizer::set_owned(std::move(owned));
     for (size_t i = 0; i < params_.size(); ++i) {
         if (!owns(i)) moments_[i] = Moments{};
     }

@@ -1,5 +1,6 @@
-// What the trainer updates weights with: AdamW, the learning-rate schedules of diffusers'
-// get_scheduler, global gradient-norm clipping and a dynamic loss scaler for fp16.
+// What the trainer updates weights with: AdamW (or Prodigy, prodigy.h, behind the same
+// Optimizer interface), the learning-rate schedules of diffusers' get_scheduler, global
+// gradient-norm clipping and a dynamic loss scaler for fp16.
 //
 // AdamW is written out rather than taken from torch::optim because the fused backward pass
 // updates one parameter at a time, as soon as its gradient is complete (step_one), and because
@@ -21,6 +22,19 @@
 
 namespace sf::train {
 
+// Prodigy's own settings (prodigyopt's Prodigy, as diffusers' scripts construct it: their
+// --prodigy_* flags and defaults); lr, betas, eps and weight decay are AdamWOptions'.
+struct ProdigyOptions {
+    bool enabled = false;  // --optimizer prodigy
+    double beta3 = 0;      // 0: sqrt(beta2), as prodigyopt's None
+    bool decouple = true;  // AdamW-style weight decay (else added to the gradient)
+    bool use_bias_correction = true;
+    bool safeguard_warmup = true;  // lr out of the D estimate's denominator
+    double d0 = 1e-6;              // the initial D estimate
+    double d_coef = 1.0;
+    double growth_rate = 0;  // 0: unbounded (prodigyopt's inf)
+};
+
 struct AdamWOptions {
     double lr = 1e-4;
     double beta1 = 0.9;
@@ -35,15 +49,47 @@ struct AdamWOptions {
     // back (real copies on the CPU too, so that path is the one CUDA takes). Under the fused
     // backward pass the update runs beside the backward (step_one_overlapped).
     bool offload = false;
+    // Prodigy instead of AdamW (TrainStep builds a Prodigy when enabled).
+    ProdigyOptions prodigy;
 };
 
-class AdamW {
+// What TrainStep updates the weights with: the parameters by name, their state for checkpoints.
+class Optimizer {
 public:
     // `params`: name -> trainable tensor (requires_grad), in a fixed order.
-    AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options);
+    explicit Optimizer(std::vector<std::pair<std::string, at::Tensor>> params)
+        : params_(std::move(params)) {}
+    virtual ~Optimizer() = default;
+    Optimizer(const Optimizer&) = delete;
+    Optimizer& operator=(const Optimizer&) = delete;
 
     // Updates every parameter that has a gradient, with learning rate `lr`.
-    void step(double lr);
+    virtual void step(double lr) = 0;
+    // The state by name, for checkpoints; load_state restores it (kInvalidArgument naming a
+    // missing or misshaped entry).
+    virtual std::map<std::string, at::Tensor> state() const = 0;
+    virtual void load_state(const std::map<std::string, at::Tensor>& state) = 0;
+    // ZeRO-1: only the parameters marked true are updated here and keep state; every one by
+    // default.
+    virtual void set_owned(std::vector<bool> owned);
+    bool owns(size_t index) const { return owned_.empty() || owned_[index]; }
+
+    void zero_grad();  // drops the gradients (sets them undefined: no memory kept)
+    void drop_grad(size_t index);
+    size_t size() const { return params_.size(); }
+    const std::string& name(size_t index) const { return params_[index].first; }
+    const at::Tensor& param(size_t index) const { return params_[index].second; }
+
+protected:
+    std::vector<std::pair<std::string, at::Tensor>> params_;
+    std::vector<bool> owned_;  // empty: all
+};
+
+class AdamW : public Optimizer {
+public:
+    AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options);
+
+    void step(double lr) override;
     // Updates parameter `index` alone from its current gradient (the fused backward pass).
     void step_one(size_t index, double lr);
     // step_one, but with --offload_optimizer the host update and the copy back run on a worker
@@ -55,16 +101,9 @@ public:
     void wait();
     // Updates handed to the worker by step_one_overlapped so far.
     int64_t overlapped_updates() const { return overlapped_; }
-    void zero_grad();  // drops the gradients (sets them undefined: no memory kept)
-    void drop_grad(size_t index);
-    // ZeRO-1: only the parameters marked true are updated here and keep state (step_one and
-    // load_state leave the others alone); every one by default.
-    void set_owned(std::vector<bool> owned);
-    bool owns(size_t index) const { return owned_.empty() || owned_[index]; }
+    // step_one and load_state leave the parameters of other ranks alone.
+    void set_owned(std::vector<bool> owned) override;
 
-    size_t size() const { return params_.size(); }
-    const std::string& name(size_t index) const { return params_[index].first; }
-    const at::Tensor& param(size_t index) const { return params_[index].second; }
     const AdamWOptions& options() const { return options_; }
     // Tensors copied between the device and the host by --offload_optimizer so far.
     int64_t offload_copies() const { return offload_copies_; }
@@ -72,9 +111,8 @@ public:
     // State by name: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (a 0-d int64); in
     // 8 bits "<param>.exp_avg.codes" (uint8) and "<param>.exp_avg.absmax" (fp32), likewise for
     // exp_avg_sq.
-    std::map<std::string, at::Tensor> state() const;
-    // Restores what state() returned; kInvalidArgument naming a missing or misshaped entry.
-    void load_state(const std::map<std::string, at::Tensor>& state);
+    std::map<std::string, at::Tensor> state() const override;
+    void load_state(const std::map<std::string, at::Tensor>& state) override;
 
 private:
     void run_step(size_t index, double lr, bool overlapped);
@@ -85,9 +123,7 @@ private:
         BlockQuantized avg8, avg_sq8;    // eight_bit
         int64_t step = 0;
     };
-    std::vector<std::pair<std::string, at::Tensor>> params_;
     std::vector<Moments> moments_;
-    std::vector<bool> owned_;  // empty: all
     AdamWOptions options_;
     int64_t offload_copies_ = 0;
     int64_t overlapped_ = 0;

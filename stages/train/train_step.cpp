@@ -15,6 +15,7 @@
 #include "core/timeline.h"
 #include "model/common/autocast.h"
 #include "model/common/chunked_attention.h"
+#include "stages/train/prodigy.h"
 
 namespace sf::train {
 namespace {
@@ -194,6 +195,12 @@ private:
     int64_t applied_ = 0;
 };
 
+AdamW& TrainStep::adamw() {
+    if (adamw_ == nullptr)
+        throw Error::InvalidArgument("this step updates with Prodigy, not AdamW");
+    return *adamw_;
+}
+
 TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
                      std::vector<std::pair<std::string, at::Tensor>> trainable, AdamWOptions adamw,
                      LRSchedule schedule, TrainStepOptions options, c10::Device device,
@@ -218,8 +225,20 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
     if (trainable.empty())
         throw Error::InvalidArgument("nothing to train: no parameter requires a gradient");
     for (const auto& [name, p] : trainable) params_.push_back(p);
-    adamw_ = std::make_unique<AdamW>(std::move(trainable), adamw);
-    adamw_->set_owned(sync_->partition(params_));
+    if (adamw.prodigy.enabled) {
+        if (options_.fused_backward || adamw.eight_bit || adamw.offload) {
+            throw Error::InvalidArgument(
+                "--optimizer prodigy sums over every gradient before its first update and keeps "
+                "its state whole on the device: not with --fused_backward_pass, 8-bit state or "
+                "--offload_optimizer");
+        }
+        optimizer_ = std::make_unique<Prodigy>(std::move(trainable), adamw);
+    } else {
+        auto a = std::make_unique<AdamW>(std::move(trainable), adamw);
+        adamw_ = a.get();
+        optimizer_ = std::move(a);
+    }
+    optimizer_->set_owned(sync_->partition(params_));
     model_->set_blocks_to_swap(options_.blocks_to_swap, device_);
     apply_model_remedies();
     model_->module().train();
@@ -302,7 +321,7 @@ void TrainStep::out_of_memory(const std::string& phase, const std::string& what)
     // the fused pass updating parameters inside the backward.
     retryable_ = phase != "optimizer" && !(fused_ && fused_->applied() > 0);
     // Release what the failed step holds before reporting, so a caller that adapts can retry.
-    adamw_->zero_grad();
+    optimizer_->zero_grad();
     if (fused_) fused_->disarm();
     if (sync_ready_) sync_ready_->disarm();
     mem::release_memory(fmt::format("train step {} after running out of memory", step_ + 1));
@@ -329,7 +348,7 @@ StepResult TrainStep::step(const std::function<MicroBatch(int64_t k)>& load, at:
     StepResult result;
     result.lr = schedule_.at(step_);
     std::string phase = "data";
-    adamw_->zero_grad();  // gradients a previous step kept (keep_gradients) must not accumulate
+    optimizer_->zero_grad();  // gradients a previous step kept (keep_gradients) must not accumulate
     try {
         at::Tensor loss_sum;  // read back once per step, not per micro-batch
         for (int64_t k = 0; k < options_.accumulation; ++k) {
@@ -436,13 +455,13 @@ void TrainStep::update(StepResult& result) {
                                    : std::function<double(double)>());
     }
     if (finite) {
-        adamw_->step(result.lr);
+        optimizer_->step(result.lr);
         sync_->share_updates(params_);
     }
     result.skipped = !finite;
     result.loss_scale = scaler_.scale();
     scaler_.update(!finite);
-    if (!options_.keep_gradients) adamw_->zero_grad();
+    if (!options_.keep_gradients) optimizer_->zero_grad();
 }
 
 std::string TrainStep::phase_table() const {

@@ -100,8 +100,8 @@ class TrainStep {
 public:
     // `trainable`: name -> parameter of `model` to update (all of them for full fine-tuning, the
     // adapters for LoRA). Validates the options: kInvalidArgument naming the flag, e.g. for the
-    // fused backward pass together with global-norm clipping or fp16 loss scaling, which need
-    // every gradient before the first update.
+    // fused backward pass together with global-norm clipping, fp16 loss scaling or Prodigy, which
+    // need every gradient before the first update. `adamw.prodigy.enabled` builds Prodigy.
     // `sync`: the data-parallel reduction; null for one process.
     TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
               std::vector<std::pair<std::string, at::Tensor>> trainable, AdamWOptions adamw,
@@ -124,11 +124,13 @@ public:
 
     int64_t steps_done() const { return step_; }
     void set_steps_done(int64_t step) { step_ = step; }
-    AdamW& optimizer() { return *adamw_; }
-    // The whole optimizer state for a checkpoint: AdamW::state(), gathered from every rank when
-    // it is sharded (complete on rank 0). Every rank must call it.
+    Optimizer& optimizer() { return *optimizer_; }
+    // The AdamW that updates (kInvalidArgument under Prodigy): its offload and overlap counts.
+    AdamW& adamw();
+    // The whole optimizer state for a checkpoint: Optimizer::state(), gathered from every rank
+    // when it is sharded (complete on rank 0). Every rank must call it.
     std::map<std::string, at::Tensor> optimizer_state() {
-        return sync_->gather_state(adamw_->state());
+        return sync_->gather_state(optimizer_->state());
     }
     LossScaler& scaler() { return scaler_; }
     const TrainStepOptions& options() const { return options_; }
@@ -166,7 +168,8 @@ private:
     std::shared_ptr<model::DiffusionTransformer> model_;
     std::shared_ptr<GradientSync> sync_;
     std::vector<at::Tensor> params_;
-    std::unique_ptr<AdamW> adamw_;
+    std::unique_ptr<Optimizer> optimizer_;
+    AdamW* adamw_ = nullptr;  // optimizer_, when it is AdamW
     LRSchedule schedule_;
     TrainStepOptions options_;
     c10::Device device_;

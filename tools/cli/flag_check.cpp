@@ -18,7 +18,6 @@ constexpr const char* kNoPush =
 constexpr const char* kNoHubData =
     "hub datasets are not read: give --instance_data_dir (images with same-stem .txt captions "
     "or --instance_prompt) or --manifest";
-constexpr const char* kNoProdigy = "only AdamW is built (not Prodigy)";
 
 // Upstream's flags (diffusers v0.33.1 train_dreambooth_lora_sana.py) this tool does not take.
 const std::map<std::string, std::string>& refused() {
@@ -31,10 +30,6 @@ const std::map<std::string, std::string>& refused() {
         {"dataset_name", kNoHubData},
         {"dataset_config_name", kNoHubData},
         {"image_column", kNoHubData},
-        {"prodigy_beta3", kNoProdigy},
-        {"prodigy_decouple", kNoProdigy},
-        {"prodigy_use_bias_correction", kNoProdigy},
-        {"prodigy_safeguard_warmup", kNoProdigy},
         {"adam_weight_decay_text_encoder",
          "the text encoder is not trained here: its embeddings are cached by prep"},
         {"enable_npu_flash_attention", "there is no NPU support: --attention fused uses SDPA"},

@@ -144,10 +144,27 @@ void add_optimizer_flags(CLI::App* cmd, TrainOptions& o) {
     cmd->add_option("--adam_beta2", o.adam_beta2)->capture_default_str();
     cmd->add_option("--adam_epsilon", o.adam_epsilon)->capture_default_str();
     cmd->add_option("--optimizer", o.optimizer,
-                    "adamw, or adamw8bit: AdamW with its moments in 8 bits, blockwise as "
-                    "bitsandbytes keeps them (a quarter of the optimizer state's memory)")
-        ->transform(CLI::IsMember({"adamw", "adamw8bit"}, CLI::ignore_case))
+                    "adamw; adamw8bit: AdamW with its moments in 8 bits, blockwise as "
+                    "bitsandbytes keeps them (a quarter of the optimizer state's memory); prodigy: "
+                    "Adam with a step size it estimates (--learning_rate about 1.0 multiplies it)")
+        ->transform(CLI::IsMember({"adamw", "adamw8bit", "prodigy"}, CLI::ignore_case))
         ->capture_default_str();
+    cmd->add_option("--prodigy_beta3", o.prodigy_beta3,
+                    "Prodigy's average for its step size [sqrt(--adam_beta2)]");
+    // Upstream's are `type=bool` options: a value (True, False, 1, 0) or none (true).
+    const std::pair<const char*, bool*> switches[] = {
+        {"--prodigy_decouple", &o.prodigy_decouple},
+        {"--prodigy_use_bias_correction", &o.prodigy_use_bias_correction},
+        {"--prodigy_safeguard_warmup", &o.prodigy_safeguard_warmup}};
+    const char* const helps[] = {"Prodigy: AdamW-style decoupled weight decay",
+                                 "Prodigy: Adam's bias correction",
+                                 "Prodigy: the learning rate out of the step size's denominator"};
+    for (size_t i = 0; i < 3; ++i) {
+        cmd->add_option(switches[i].first, *switches[i].second, helps[i])
+            ->expected(0, 1)
+            ->default_str("true")
+            ->capture_default_str();
+    }
     cmd->add_flag_callback(
         "--use_8bit_adam", [&o] { o.optimizer = "adamw8bit"; },
         "diffusers' spelling of --optimizer adamw8bit");
