@@ -36,7 +36,8 @@ Prodigy::Prodigy(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOp
     if (!(p.beta3 >= 0 && p.beta3 < 1))
         throw Error::InvalidArgument(fmt::format(
             "--prodigy_beta3 must be in (0, 1) (or unset: sqrt(--adam_beta2)), got {}", p.beta3));
-    if (!(p.d0 > 0) || !std::isfinite(p.d0)) throw Error::InvalidArgument("prodigy's d0 must be > 0");
+    if (!(p.d0 > 0) || !std::isfinite(p.d0))
+        throw Error::InvalidArgument("prodigy's d0 must be > 0");
     if (!(p.d_coef > 0) || !std::isfinite(p.d_coef))
         throw Error::InvalidArgument("prodigy's d_coef must be > 0");
     if (p.growth_rate != 0 && !(p.growth_rate >= 1))
@@ -85,8 +86,8 @@ void Prodigy::step(double lr) {
         }
         if (lr <= 0) continue;
         const at::Tensor flat = grad.flatten();
-        add(numerator, at::dot(flat, st.p0 - p.detach().flatten()).to(at::kDouble) *
-                           ((d_ / o.d0) * dlr));
+        add(numerator,
+            at::dot(flat, st.p0 - p.detach().flatten()).to(at::kDouble) * ((d_ / o.d0) * dlr));
         st.exp_avg.mul_(beta1).add_(grad, d_ * (1 - beta1));
         st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, d_ * d_ * (1 - beta2));
         st.s.mul_(beta3_).add_(flat, (d_ / o.d0) * (o.safeguard_warmup ? d_ : dlr));
@@ -100,7 +101,8 @@ void Prodigy::step(double lr) {
     double d = d_;
     if (d == o.d0) d = std::max(d, d_hat);
     d_max_ = std::max(d_max_, d_hat);
-    const double growth = o.growth_rate > 0 ? o.growth_rate : std::numeric_limits<double>::infinity();
+    const double growth =
+        o.growth_rate > 0 ? o.growth_rate : std::numeric_limits<double>::infinity();
     d = std::min(d_max_, d * growth);
     d_numerator_ = d_numerator;
     d_ = d;
