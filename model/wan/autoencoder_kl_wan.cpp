@@ -151,19 +151,48 @@ torch::Tensor AutoencoderKLWanImpl::encode(const torch::Tensor& video, const Wan
     return session.push(video);
 }
 
-torch::Tensor AutoencoderKLWanImpl::decode(const torch::Tensor& latent, bool clamp) {
-    if (!has_decoder()) {
-        throw Error::InvalidArgument(
-            "AutoencoderKLWan decode: this model was built without its decoder");
-    }
-    check_video(latent, config_.z_dim, 1, "decode input");
+torch::Tensor AutoencoderKLWanImpl::decode_frames(const torch::Tensor& latent) {
     const torch::Tensor x = post_quant_conv(latent);
     wan::CausalCache cache;
     std::vector<torch::Tensor> frames;
     for (int64_t i = 0; i < x.size(2); ++i) {
         frames.push_back(decoder->forward(x.slice(2, i, i + 1), cache));  // one latent frame
     }
-    torch::Tensor out = torch::cat(frames, 2);
+    return torch::cat(frames, 2);
+}
+
+torch::Tensor AutoencoderKLWanImpl::decode(const torch::Tensor& latent, bool clamp,
+                                           const WanTiling* tiling) {
+    if (!has_decoder()) {
+        throw Error::InvalidArgument(
+            "AutoencoderKLWan decode: this model was built without its decoder");
+    }
+    check_video(latent, config_.z_dim, 1, "decode input");
+    const int64_t r = config_.spatial_compression_ratio();
+    if (tiling != nullptr) check_tiling(*tiling, r);
+    const int64_t height = latent.size(3), width = latent.size(4);
+    torch::Tensor out;
+    if (tiling == nullptr ||
+        (height <= tiling->tile_height / r && width <= tiling->tile_width / r)) {
+        out = decode_frames(latent);
+    } else {
+        // Upstream's tiled_decode: tiles of tile / r latent cells at stride / r steps, each
+        // decoded alone (post_quant_conv is 1x1x1: per tile as per frame), blended over
+        // tile - stride pixels and cropped to the stride.
+        std::vector<std::vector<torch::Tensor>> grid;
+        for (int64_t i = 0; i < height; i += tiling->stride_height / r) {
+            auto& row = grid.emplace_back();
+            for (int64_t j = 0; j < width; j += tiling->stride_width / r) {
+                row.push_back(decode_frames(latent.slice(3, i, i + tiling->tile_height / r)
+                                                .slice(4, j, j + tiling->tile_width / r)));
+            }
+        }
+        out = assemble_tiles(grid, tiling->tile_height - tiling->stride_height,
+                             tiling->tile_width - tiling->stride_width, tiling->stride_height,
+                             tiling->stride_width)
+                  .slice(3, 0, height * r)
+                  .slice(4, 0, width * r);
+    }
     return clamp ? out.clamp(-1.0, 1.0) : out;
 }
 

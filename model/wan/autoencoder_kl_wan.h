@@ -87,8 +87,12 @@ public:
     // upstream's tiled_encode (frames wider or taller than a tile only).
     torch::Tensor encode(const torch::Tensor& video, const WanTiling* tiling = nullptr);
     // latent [B, z, t, h, w] (raw, not normalised) -> video [B, 3, 1 + 4 (t - 1), 8 h, 8 w],
-    // clamped to [-1, 1] as upstream returns it unless `clamp` is false.
-    torch::Tensor decode(const torch::Tensor& latent, bool clamp = true);
+    // clamped to [-1, 1] as upstream returns it unless `clamp` is false. With a tiling, upstream's
+    // tiled_decode (latents wider or taller than a tile only): each tile of latents decoded over
+    // every frame with its own causal cache, the tiles blended in pixel space over their overlap,
+    // so the decoder's activations are a tile's.
+    torch::Tensor decode(const torch::Tensor& latent, bool clamp = true,
+                         const WanTiling* tiling = nullptr);
 
     // Posterior parameters -> mean [B, z, ...] and log-variance clamped to [-30, 20] (upstream's
     // DiagonalGaussianDistribution).
@@ -109,6 +113,8 @@ public:
 
 private:
     torch::Tensor channel_stats(const std::vector<double>& v, const torch::Tensor& like) const;
+    // Every latent frame through post_quant_conv and the decoder with one causal cache, unclamped.
+    torch::Tensor decode_frames(const torch::Tensor& latent);
 
     WanVAEConfig config_;
 };

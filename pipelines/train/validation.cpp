@@ -129,11 +129,6 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
             fmt::format("--validation_guidance_scale must be a finite number >= 0, got {:g}",
                         o.validation_guidance_scale));
     video_ = set.latent_rank() == 4;
-    if (video_ && o.validation_vae_tiling) {
-        throw Error::InvalidArgument(
-            "--enable_vae_tiling: this cache holds video latents, and the Wan VAE's tiled decode "
-            "is not built (validation decodes its frames whole)");
-    }
     for (const auto& prompt : prompts_) {
         at::Tensor f = set.validation_prompt(prompt);
         if (!f.defined()) {

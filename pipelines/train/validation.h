@@ -48,7 +48,7 @@ class Validator {
 public:
     // Checked before the first step: every prompt and the empty prompt in the cache, a VAE whose
     // weights encoded the cache (`pretrained`'s vae/, else the built-in DC-AE or Wan VAE from
-    // --seed), and no --enable_vae_tiling on video latents.
+    // --seed).
     // kInvalidArgument naming the flag or the missing record.
     Validator(const TrainOptions& o, const train::TrainingSet& set, storage::Cache cache,
               int64_t steps_per_epoch, c10::Device device);

@@ -79,13 +79,10 @@ at::Tensor LatentDecoder::decode(const at::Tensor& latents, bool tiled) {
     torch::NoGradGuard no_grad;
     const at::Tensor z = latents.to(device_, at::kFloat);
     if (kind_ == Kind::kWan) {
-        if (tiled) {
-            throw Error::InvalidArgument(
-                "--enable_vae_tiling: the Wan VAE's tiled decode is not built (its frames decode "
-                "whole)");
-        }
         auto& vae = model_->wan->get();
-        return to_pixels(vae->decode(vae->denormalize_latent(z)));
+        const model::WanTiling tiling;  // upstream's 256-px tiles at 192-px steps
+        return to_pixels(
+            vae->decode(vae->denormalize_latent(z), /*clamp=*/true, tiled ? &tiling : nullptr));
     }
     auto& vae = model_->dc_ae->get();
     const at::Tensor unscaled = vae->unscale_latent(z);

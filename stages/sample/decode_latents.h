@@ -25,10 +25,9 @@ public:
     LatentDecoder(const LatentDecoder&) = delete;
     LatentDecoder& operator=(const LatentDecoder&) = delete;
 
-    // DC-AE: [B, C, h, w] scaled latents -> [B, 3, h r, w r]; `tiled`: upstream's tiled decode
-    // (memory follows the tile). Wan: [B, C, f, h, w] normalised latents -> [B, 3, 1 + 4 (f - 1),
-    // 8 h, 8 w] (`tiled` is not built for it: kInvalidArgument). Pixels are uint8 on the CPU
-    // ([-1, 1] clamped).
+    // DC-AE: [B, C, h, w] scaled latents -> [B, 3, h r, w r]. Wan: [B, C, f, h, w] normalised
+    // latents -> [B, 3, 1 + 4 (f - 1), 8 h, 8 w]. `tiled`: upstream's tiled decode of either, at
+    // its default tiles (memory follows the tile). Pixels are uint8 on the CPU ([-1, 1] clamped).
     at::Tensor decode(const at::Tensor& latents, bool tiled = false);
 
 private:

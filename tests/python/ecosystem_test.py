@@ -4,6 +4,7 @@
   and its forward equals sanaflow's on the same inputs.
 - A LoRA file from `sanaflow train --rank` loads with the transformer's load_lora_adapter (peft),
   and the adapted forward equals sanaflow's adapted model's.
+- The Wan VAE's tiled decode equals diffusers' AutoencoderKLWan.enable_tiling() decode.
 - The cache reads with lmdb, zstandard, safetensors and xxhash exactly as docs/cache-format.md
   says: the document's own Python code is run here.
 
@@ -96,6 +97,28 @@ class Ecosystem(unittest.TestCase):
         # The trained adapters matter, so an adapter that failed to load would be caught.
         self.assertGreater((theirs - base_out).abs().max().item(), 100 * ATOL)
         torch.testing.assert_close(theirs, ours, rtol=RTOL, atol=ATOL)
+
+    def test_the_wan_vae_decodes_in_tiles_as_diffusers_does(self):
+        from diffusers import AutoencoderKLWan
+        vae_dir = SOURCE_DIR / "tests" / "data" / "golden-video" / "vae_wan"
+        g = torch.Generator().manual_seed(1)
+        config = json.loads((vae_dir / "config.json").read_text())
+        latent = torch.randn(1, config["z_dim"], 2, 7, 9, generator=g)  # 56 x 72 px, 5 frames
+        inputs = Path(self.tmp.name) / "wan_latent.safetensors"
+        out = Path(self.tmp.name) / "wan_decoded.safetensors"
+        safetensors.torch.save_file({"latent": latent}, str(inputs))
+        # 32-px tiles at 24-px steps: a 3 x 3 grid, every seam blended.
+        run(FORWARD, "--wan-decode", vae_dir, inputs, out, 32, 32, 24, 24)
+        ours = safetensors.torch.load_file(str(out))["sample"]
+        vae = AutoencoderKLWan.from_pretrained(str(vae_dir)).eval()
+        vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32,
+                          tile_sample_stride_height=24, tile_sample_stride_width=24)
+        with torch.no_grad():
+            theirs = vae.decode(latent, return_dict=False)[0]
+            vae.disable_tiling()
+            whole = vae.decode(latent, return_dict=False)[0]
+        self.assertGreater((theirs - whole).abs().max().item(), 1e-2)  # the tiling mattered
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=5e-5)
 
     def test_tensorboard_reads_every_step_of_the_metrics(self):
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
