@@ -144,7 +144,8 @@ TEST(TrainPrior, ClassImagesAreMadeAtTheInstanceBucketsOnceAndTheSameAcrossRuns)
                            sf::ErrorCode::kInvalidArgument, "prior_loss_weight");
 }
 
-// The class flags are checked before any work, as upstream's argparse checks them.
+// The class flags are checked before any work, as upstream's argparse checks them; the class and
+// instance folders may not overlap.
 TEST(TrainPrior, MissingClassFlagsAreNamedBeforeAnyWork) {
     TempDir tmp("sf_prior_flags");
     sf::test::write_dataset(tmp.path() / "data", 0, 2);
@@ -166,6 +167,17 @@ TEST(TrainPrior, MissingClassFlagsAreNamedBeforeAnyWork) {
     EXPECT_EQ(cache_only.exit_code, 2) << cache_only.output;
     EXPECT_NE(cache_only.output.find("give --instance_data_dir"), std::string::npos)
         << cache_only.output;
+    // The class images may not go among the instance images, nor the other way round.
+    for (const std::string& classes :
+         {tmp.file("data"), tmp.file("data/sub"), tmp.path().string()}) {
+        const auto overlap = sf::test::run_command(
+            kSanaflow + " train --instance_data_dir " + tmp.file("data") +
+            " --with_prior_preservation --class_prompt dog --class_data_dir " + classes +
+            " --output_dir " + tmp.file("overlap"));
+        EXPECT_EQ(overlap.exit_code, 2) << classes << ": " << overlap.output;
+        EXPECT_NE(overlap.output.find("overlap"), std::string::npos) << overlap.output;
+    }
+    EXPECT_FALSE(fs::exists(tmp.file("overlap/cache")));
     // fp16 generation where autocast refuses it (the CPU of LibTorch 1.13) is named before prep.
     const auto fp16 = sf::test::run_command(
         kSanaflow + " train --instance_data_dir " + tmp.file("data") +

@@ -92,6 +92,23 @@ void check_prior_flags(const TrainOptions& o, const TrainCommand& c, bool prep_f
         throw sf::Error::InvalidArgument(
             "--with_prior_preservation preps the class images beside the instance images: give "
             "--instance_data_dir (a cache of them already made is found and reused)");
+    // Generated images must not land among the instance images (the next prep would train on
+    // them as the subject), nor the instances among the class images.
+    if (!c.prep.instance_data_dir.empty()) {
+        std::error_code ec;
+        const fs::path a = fs::weakly_canonical(c.prep.instance_data_dir, ec);
+        const fs::path b = fs::weakly_canonical(k.class_data_dir, ec);
+        auto inside = [](const fs::path& outer, const fs::path& inner) {
+            const auto rel = inner.lexically_relative(outer);
+            return !rel.empty() && *rel.begin() != "..";
+        };
+        if (inside(a, b) || inside(b, a)) {
+            throw sf::Error::InvalidArgument(fmt::format(
+                "--class_data_dir {} and --instance_data_dir {} overlap: the class images would "
+                "be trained as the subject, or the subject as the class; give separate folders",
+                k.class_data_dir, c.prep.instance_data_dir));
+        }
+    }
     if (c.prep.vae_kind != "dc-ae")
         throw sf::Error::InvalidArgument(
             "--with_prior_preservation is for images (--vae dc-ae), not video latents");
