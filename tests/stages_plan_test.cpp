@@ -19,6 +19,7 @@
 #include "stages/plan/remedy_search.h"
 #include "stages/plan/start_plan.h"
 #include "stages/plan/step_probe.h"
+#include "stages/train/prodigy.h"
 
 namespace sf::plan {
 namespace {
@@ -93,6 +94,19 @@ TEST(PlanCensus, CountsWhatTheBuiltModelHoldsFullAndLoRA) {
         EXPECT_EQ(n.trainable, trainable) << "rank " << rank;
         EXPECT_EQ(n.adamw_state_bytes, 8 * trainable);
         EXPECT_LE(n.adamw8bit_state_bytes, n.adamw_state_bytes);  // less where a tensor has 4096+
+        // Prodigy's state after a step, as counted (its estimate's scalars aside).
+        auto params = model::trainable_parameters(*m);
+        for (auto& [name, p] : params) p.mutable_grad() = torch::randn_like(p);
+        train::AdamWOptions o;
+        o.prodigy.enabled = true;
+        o.lr = 1.0;
+        train::Prodigy prodigy(params, o);
+        prodigy.step(1.0);
+        int64_t held = 0;
+        for (const auto& [name, t] : prodigy.state())
+            if (name.rfind("prodigy.", 0) != 0 && t.scalar_type() != at::kLong)
+                held += static_cast<int64_t>(t.nbytes());
+        EXPECT_EQ(n.prodigy_state_bytes, held) << "rank " << rank;
     }
     s.lora_rank = 0;
     EXPECT_EQ(count_parameters(s).total, model::sana_parameter_count(s.config));

@@ -264,6 +264,7 @@ void calibrate(Calibration& into, const PlanShape& like, const PlanRemedies& r, 
         in.caption_channels = st.caption_channels;
         in.steps = 1;
         in.adamw.eight_bit = r.optimizer == "adamw8bit";
+        in.adamw.prodigy.enabled = r.optimizer == "prodigy";
         const ProbeResult result = probe_step(m, in, step_options_of(p.remedies), device);
         const int64_t layers = st.layers;
         const std::vector<double> x =

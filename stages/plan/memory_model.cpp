@@ -67,12 +67,14 @@ int64_t lent_blocks(int64_t num_layers, const PlanRemedies& r) {
 int64_t ParameterCensus::state_bytes(const std::string& optimizer) const {
     if (optimizer == "adamw") return adamw_state_bytes;
     if (optimizer == "adamw8bit") return adamw8bit_state_bytes;
+    if (optimizer == "prodigy") return prodigy_state_bytes;
     throw Error::InvalidArgument(
-        fmt::format("--optimizer: {} is not adamw or adamw8bit", optimizer));
+        fmt::format("--optimizer: {} is not adamw, adamw8bit or prodigy", optimizer));
 }
 
 int64_t ParameterCensus::block_state_bytes(const std::string& optimizer) const {
-    return optimizer == "adamw8bit" ? block_adamw8bit_state_bytes : block_adamw_state_bytes;
+    if (optimizer == "adamw8bit") return block_adamw8bit_state_bytes;
+    return optimizer == "prodigy" ? block_prodigy_state_bytes : block_adamw_state_bytes;
 }
 
 Structure structure_of(const PlanShape& shape) {
@@ -153,6 +155,7 @@ ParameterCensus census_of(const PlanShape& shape, int64_t layers) {
         n.adamw_state_bytes += 2 * e * 4;
         const int64_t blocks = (e + train::kQuantBlock - 1) / train::kQuantBlock;
         n.adamw8bit_state_bytes += e >= train::kMin8BitSize ? 2 * (e + blocks * 4) : 2 * e * 4;
+        n.prodigy_state_bytes += p.any().item<bool>() ? 4 * e * 4 : 3 * e * 4 + 4;
     }
     return n;
 }
@@ -169,11 +172,14 @@ ParameterCensus count_parameters(const PlanShape& shape) {
         one.adamw_state_bytes + more * (two.adamw_state_bytes - one.adamw_state_bytes);
     n.adamw8bit_state_bytes =
         one.adamw8bit_state_bytes + more * (two.adamw8bit_state_bytes - one.adamw8bit_state_bytes);
+    n.prodigy_state_bytes =
+        one.prodigy_state_bytes + more * (two.prodigy_state_bytes - one.prodigy_state_bytes);
     n.largest_trainable = two.largest_trainable;
     n.block_total = two.total - one.total;
     n.block_trainable = two.trainable - one.trainable;
     n.block_adamw_state_bytes = two.adamw_state_bytes - one.adamw_state_bytes;
     n.block_adamw8bit_state_bytes = two.adamw8bit_state_bytes - one.adamw8bit_state_bytes;
+    n.block_prodigy_state_bytes = two.prodigy_state_bytes - one.prodigy_state_bytes;
     return n;
 }
 

@@ -103,10 +103,13 @@ struct ParameterCensus {
     int64_t trainable = 0;
     int64_t adamw_state_bytes = 0;      // two fp32 moments per trainable element
     int64_t adamw8bit_state_bytes = 0;  // codes and absmax per block (fp32 below kMin8BitSize)
-    int64_t largest_trainable = 0;      // elements of the largest trainable tensor
+    // Prodigy's moments, s and p0 (a scalar for a tensor that starts at zero: LoRA's B).
+    int64_t prodigy_state_bytes = 0;
+    int64_t largest_trainable = 0;  // elements of the largest trainable tensor
     // What one transformer block adds to each count (the blocks are alike).
     int64_t block_total = 0, block_trainable = 0;
     int64_t block_adamw_state_bytes = 0, block_adamw8bit_state_bytes = 0;
+    int64_t block_prodigy_state_bytes = 0;
     int64_t state_bytes(const std::string& optimizer) const;
     int64_t block_state_bytes(const std::string& optimizer) const;
 };

@@ -46,7 +46,8 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
     std::vector<bool> fused = {given.fused_backward};
     if (varies("fused_backward")) fused = {false, true};
     std::vector<std::string> optimizers = {given.optimizer};
-    if (varies("optimizer")) optimizers = {"adamw", "adamw8bit"};
+    // Prodigy is an optimizer of its own, not a remedy: kept when given.
+    if (varies("optimizer") && given.optimizer != "prodigy") optimizers = {"adamw", "adamw8bit"};
 
     // Block swap as musubi-tuner uses it, beside checkpointing every block: a quarter, half or
     // all but one of them. (Swap without checkpointing recomputes the swapped blocks only, which
@@ -67,7 +68,10 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
             if (swap > 0 && (r.fused_backward ||
                              (swap != given.blocks_to_swap && r.gradient_checkpointing != 1)))
                 continue;  // the trainer refuses swap with the fused pass
+            if (r.optimizer == "prodigy" && r.fused_backward)
+                continue;  // Prodigy needs every gradient before its first update
             for (bool offload : offloads) {
+                if (r.optimizer == "prodigy" && offload) continue;  // its state stays whole
                 r.blocks_to_swap = swap;
                 r.offload_optimizer = offload;
                 out.push_back(r);

@@ -62,8 +62,10 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
         ->capture_default_str();
     cmd->add_flag("--fused_backward_pass", o.remedies.fused_backward,
                   "update each weight inside the backward pass");
-    cmd->add_option("--optimizer", o.remedies.optimizer, "adamw or adamw8bit")
-        ->transform(CLI::IsMember({"adamw", "adamw8bit"}, CLI::ignore_case))
+    cmd->add_option("--optimizer", o.remedies.optimizer,
+                    "adamw, adamw8bit or prodigy (kept as given: the search varies AdamW's state "
+                    "only)")
+        ->transform(CLI::IsMember({"adamw", "adamw8bit", "prodigy"}, CLI::ignore_case))
         ->capture_default_str();
     cmd->add_option("--blocks_to_swap", o.remedies.blocks_to_swap,
                     "keep this many blocks' weights in host memory, each lent to the device "
