@@ -264,6 +264,13 @@ TEST(TrainIntegration, ProdigyTrainsAndResumesExactly) {
     std::memcpy(&estimate, d.bytes.data(), sizeof(double));
     EXPECT_GE(estimate, 1e-6);
     EXPECT_TRUE(std::isfinite(estimate));
+    // Every step's d x lr is in metrics.jsonl (lr 1 here): the last one is the checkpoint's d.
+    std::istringstream lines(sf::test::read_file(out.file("whole/metrics.jsonl")));
+    std::vector<double> d_lr;
+    for (std::string line; std::getline(lines, line);)
+        d_lr.push_back(nlohmann::json::parse(line).at("prodigy_d_lr").get<double>());
+    ASSERT_EQ(d_lr.size(), 6u);
+    EXPECT_DOUBLE_EQ(d_lr.back(), estimate);
     int scalar_p0 = 0, whole_p0 = 0;
     for (const auto& name : saved.names()) {
         if (name.size() < 3 || name.compare(name.size() - 3, 3, ".p0") != 0) continue;

@@ -351,6 +351,7 @@ StepMetrics step_metrics(const train::StepResult& r, double seconds, int64_t sam
     m.loss = r.loss;
     m.lr = r.lr;
     m.grad_norm = r.grad_norm;
+    m.prodigy_d_lr = r.prodigy_d_lr;
     m.loss_scale = r.loss_scale;
     m.skipped = r.skipped;
     m.seconds = seconds;
@@ -375,6 +376,7 @@ struct StepSinks {
             {"step_seconds", m.seconds},
             {"samples_per_second", m.seconds > 0 ? static_cast<double>(m.samples) / m.seconds : 0}};
         if (m.grad_norm > 0) scalars.emplace_back("grad_norm", m.grad_norm);
+        if (m.prodigy_d_lr > 0) scalars.emplace_back("prodigy_d_lr", m.prodigy_d_lr);
         for (const auto& [phase, bytes] : m.peak_bytes)
             scalars.emplace_back("peak_memory_mib/" + phase,
                                  static_cast<double>(bytes) / (1 << 20));
@@ -519,12 +521,14 @@ void run_steps(const TrainOptions& o, const RunData& data, Samplers& samplers,
         progress.advance(1);
         sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
-            log_info("train: step {}/{} loss {:.5f} lr {:.3g}{}{}", r.step, o.max_train_steps,
-                     r.loss, r.lr,
-                     r.grad_norm > 0 ? fmt::format(" grad norm {:.3g}", r.grad_norm) : "",
-                     r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})",
-                                             trainer.scaler().scale())
-                               : "");
+            log_info(
+                "train: step {}/{} loss {:.5f} lr {:.3g}{}{}{}", r.step, o.max_train_steps, r.loss,
+                r.lr,
+                r.prodigy_d_lr > 0 ? fmt::format(" (prodigy d x lr {:.3g})", r.prodigy_d_lr) : "",
+                r.grad_norm > 0 ? fmt::format(" grad norm {:.3g}", r.grad_norm) : "",
+                r.skipped ? fmt::format(" (skipped: non-finite gradient, loss scale now {})",
+                                        trainer.scaler().scale())
+                          : "");
         }
         if (o.checkpointing_steps > 0 && r.step % o.checkpointing_steps == 0) {
             const std::string dir =

@@ -456,6 +456,8 @@ void TrainStep::update(StepResult& result) {
     }
     if (finite) {
         optimizer_->step(result.lr);
+        if (const auto* prodigy = dynamic_cast<const Prodigy*>(optimizer_.get()))
+            result.prodigy_d_lr = prodigy->d() * result.lr;
         sync_->share_updates(params_);
     }
     result.skipped = !finite;

@@ -75,6 +75,8 @@ struct StepResult {
     double loss = 0;   // mean of the micro-batch losses
     double lr = 0;
     double grad_norm = 0;  // before clipping; 0 when not computed (no clipping, fused)
+    // Prodigy: its step size after this step, d x lr (what moves the weights); 0 with AdamW.
+    double prodigy_d_lr = 0;
     bool skipped = false;  // the loss scaler found a non-finite gradient
     double loss_scale = 1;
 };

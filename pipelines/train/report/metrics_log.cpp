@@ -66,6 +66,7 @@ void MetricsLog::append(const StepMetrics& m) {
     j["loss"] = finite_or_null(m.loss);
     j["lr"] = m.lr;
     j["grad_norm"] = finite_or_null(m.grad_norm);
+    if (m.prodigy_d_lr > 0) j["prodigy_d_lr"] = m.prodigy_d_lr;
     j["loss_scale"] = m.loss_scale;
     j["skipped"] = m.skipped;
     j["step_seconds"] = m.seconds;

@@ -24,6 +24,7 @@ struct StepMetrics {
     double loss = 0;  // non-finite ones are written as null
     double lr = 0;
     double grad_norm = 0;
+    double prodigy_d_lr = 0;  // --optimizer prodigy: d x lr (written only then)
     double loss_scale = 1;
     bool skipped = false;
     double seconds = 0;   // wall time of the step, data loading included
