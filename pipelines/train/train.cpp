@@ -10,7 +10,6 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 
 #include "core/device_options.h"
 #include "core/error.h"
@@ -28,7 +27,6 @@
 #include "stages/distributed/launch_env.h"
 #include "stages/distributed/zero_sharding.h"
 #include "stages/train/auto_fit.h"
-#include "stages/train/prior_pairs.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
 #include "storage/cache_shards.h"
@@ -159,80 +157,13 @@ train::TrainStepOptions step_options(const TrainOptions& o) {
     return s;
 }
 
-// The samplers of a run: one over every bucket, or with --joint_training_interval k one over the
-// video windows and one over the images, the images' drawn at every step s > 0 with s % k == 0
-// (as SANA-Video's trainer counts its global step). With prior preservation the main sampler
-// draws pairs of an instance and a class sample (prior_pairs.h).
-struct Samplers {
-    std::unique_ptr<train::BucketSampler> main, images;
-    std::optional<train::PriorPairs> prior;
-
-    // The batch of the step `step` (0-based: the steps done before it).
-    std::vector<int64_t> next(int64_t step, int64_t interval) {
-        const bool image_step = images && step > 0 && step % interval == 0;
-        return image_step ? images->next() : main->next();
-    }
-};
-
-Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set,
-                       const train::TrainingSet* classes) {
-    Samplers s;
-    const auto buckets = train::repeat_samples(set.buckets(), o.repeats);
-    if (classes != nullptr) {
-        s.prior = train::pair_with_class_samples(buckets, classes->buckets(), o.num_class_images);
-        std::set<int64_t> used;
-        for (const auto& [instance, cls] : s.prior->pairs) used.insert(cls);
-        log_info(
-            "train: prior preservation: {} class samples of {} paired with {} instance samples "
-            "({} pairs an epoch), prior loss weight {:g}",
-            used.size(), classes->samples().size(), set.samples().size(), s.prior->pairs.size(),
-            o.prior_loss_weight);
-        s.main =
-            std::make_unique<train::BucketSampler>(s.prior->buckets, o.train_batch_size, o.seed);
-        return s;
-    }
-    if (o.joint_training_interval == 0) {
-        s.main = std::make_unique<train::BucketSampler>(buckets, o.train_batch_size, o.seed);
-        return s;
-    }
-    const train::FrameSplit split = train::split_by_frames(buckets);
-    if (split.videos.empty() || split.images.empty()) {
-        throw Error::InvalidArgument(fmt::format(
-            "--joint_training_interval {} alternates video windows and images, but the cache {} "
-            "holds {}: prep a folder with both through --vae wan",
-            o.joint_training_interval, o.cache_dir,
-            split.videos.empty() ? "no video windows" : "no images"));
-    }
-    auto count = [](const std::map<train::Bucket, std::vector<int64_t>>& buckets) {
-        size_t n = 0;
-        for (const auto& [bucket, indices] : buckets) n += indices.size();
-        return n;
-    };
-    log_info(
-        "train: joint image-video: every {} steps a batch of the {} images, else of the {} "
-        "video windows",
-        o.joint_training_interval, count(split.images) / o.repeats,
-        count(split.videos) / o.repeats);
-    s.main = std::make_unique<train::BucketSampler>(split.videos, o.train_batch_size, o.seed);
-    // Its own sequence: seeded apart from the video sampler's and the data generator's (seed + 1).
-    s.images = std::make_unique<train::BucketSampler>(split.images, o.train_batch_size, o.seed + 2);
-    return s;
-}
-
-// Optimizer steps in an epoch, as upstream counts them: ceil(batches / accumulation).
-int64_t steps_per_epoch(const TrainOptions& o, const Samplers& samplers) {
-    const int64_t batches = samplers.main->batches_per_epoch();
-    return std::max<int64_t>(
-        1, (batches + o.gradient_accumulation_steps - 1) / o.gradient_accumulation_steps);
-}
-
 // The options as this run uses them: max_train_steps from --num_train_epochs when 0 (as upstream:
 // epochs x ceil(batches per epoch / accumulation)), the learning rate scaled by --scale_lr.
-TrainOptions resolve_run(const TrainOptions& given, const Samplers& samplers) {
+TrainOptions resolve_run(const TrainOptions& given, const training::Samplers& samplers) {
     TrainOptions o = given;
     if (o.max_train_steps == 0) {
         const int64_t batches = samplers.main->batches_per_epoch();
-        o.max_train_steps = o.num_train_epochs * steps_per_epoch(o, samplers);
+        o.max_train_steps = o.num_train_epochs * training::steps_per_epoch(o, samplers);
         log_info(
             "train: {} epoch(s) of {} batches of {} = {} optimizer steps (--max_train_steps "
             "sets them instead)",
@@ -386,47 +317,12 @@ struct StepSinks {
 
 // The optimizer steps from where the run stands to max_train_steps: each logged, written to the
 // sinks, and checkpointed every --checkpointing_steps.
-// The instance samples and, with prior preservation, the class samples.
-struct RunData {
-    const train::TrainingSet& set;
-    const train::TrainingSet* classes = nullptr;
-};
-
-// The next micro-batch of the step `step` (0-based), its samples counted into `samples`: a
-// batch whose samples all turned out damaged (--skip_corrupt) is passed over. With prior
-// preservation, the drawn pairs' instance samples then their class samples, weighted.
-train::MicroBatch draw_micro_batch(const TrainOptions& o, const RunData& data, Samplers& samplers,
-                                   int64_t step, at::Generator& gen, int64_t& samples) {
-    for (;;) {
-        const std::vector<int64_t> drawn = samplers.next(step, o.joint_training_interval);
-        if (!samplers.prior) {
-            const train::TrainingBatch b = data.set.load(drawn, o.caption_dropout, gen);
-            if (b.indices.empty()) continue;
-            samples += static_cast<int64_t>(b.indices.size());
-            return train::MicroBatch{b.latents, b.prompt_embeds, b.prompt_mask};
-        }
-        std::vector<int64_t> instances, classes;
-        for (const int64_t pair : drawn) {
-            const auto& [instance, cls] = samplers.prior->pairs.at(static_cast<size_t>(pair));
-            instances.push_back(instance);
-            classes.push_back(cls);
-        }
-        const train::TrainingBatch b = data.set.load(instances, o.caption_dropout, gen);
-        const train::TrainingBatch c = data.classes->load(classes, o.caption_dropout, gen);
-        if (b.indices.empty() || c.indices.empty()) continue;
-        samples += static_cast<int64_t>(b.indices.size() + c.indices.size());
-        const train::PriorBatch joined = train::join_prior_batch(b, c, o.prior_loss_weight);
-        return train::MicroBatch{joined.batch.latents, joined.batch.prompt_embeds,
-                                 joined.batch.prompt_mask, joined.sample_weights};
-    }
-}
-
 // One step of the run. With --auto_fit a step that runs out of memory is run again with the next
 // remedy (stages/train/auto_fit.h) on the same samples and noise: the samplers and the generators
 // are put back where the failed attempt found them.
-train::StepResult fitted_step(const TrainOptions& o, const RunData& data, Samplers& samplers,
-                              const training::RunParts& run, TrainReport& report,
-                              int64_t& samples) {
+train::StepResult fitted_step(const TrainOptions& o, const training::RunData& data,
+                              training::Samplers& samplers, const training::RunParts& run,
+                              TrainReport& report, int64_t& samples) {
     train::TrainStep& trainer = run.step;
     at::Generator& gen = run.data_gen;
     at::Generator global = at::detail::getDefaultCPUGenerator();
@@ -440,8 +336,8 @@ train::StepResult fitted_step(const TrainOptions& o, const RunData& data, Sample
         try {
             return trainer.step(
                 [&](int64_t k) {
-                    train::MicroBatch mb =
-                        draw_micro_batch(o, data, samplers, trainer.steps_done(), gen, samples);
+                    train::MicroBatch mb = training::draw_micro_batch(
+                        o, data, samplers, trainer.steps_done(), gen, samples);
                     if (k == 0)
                         report.batch_frames.push_back(mb.latents.dim() == 5 ? mb.latents.size(2)
                                                                             : 1);
@@ -503,7 +399,7 @@ private:
     std::string path_;  // empty: nothing to write
 };
 
-void run_steps(const TrainOptions& o, const RunData& data, Samplers& samplers,
+void run_steps(const TrainOptions& o, const training::RunData& data, training::Samplers& samplers,
                const training::RunParts& run, TrainReport& report,
                std::optional<std::string>& last_checkpoint, StepSinks& sinks,
                training::Validator& validator) {
@@ -551,14 +447,14 @@ void run_steps(const TrainOptions& o, const RunData& data, Samplers& samplers,
 }
 
 // Everything after the data is open: the model, the optimizer, the steps, the final weights.
-TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache, const RunData& data,
-                       Samplers samplers, c10::Device device,
-                       std::shared_ptr<train::GradientSync> sync,
+TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
+                       const training::RunData& data, training::Samplers samplers,
+                       c10::Device device, std::shared_ptr<train::GradientSync> sync,
                        std::chrono::steady_clock::time_point t0) {
     const train::TrainingSet& set = data.set;
     auto& memlog = mem::memory_log();
     // Before the model: a prompt missing from the cache is refused before any work.
-    training::Validator validator(o, set, cache, steps_per_epoch(o, samplers), device);
+    training::Validator validator(o, set, cache, training::steps_per_epoch(o, samplers), device);
 
     mem::reset_peak();
     memlog.mark("train", "before model");
@@ -719,32 +615,6 @@ DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
     return {std::make_shared<distributed::DataParallelSync>(world), device, env.world_size};
 }
 
-// With prior preservation, the class cache's samples, checked to join the instance batches: image
-// latents of the same VAE's channels and caption features of the same width.
-std::optional<train::TrainingSet> open_class_samples(const TrainOptions& o,
-                                                     const train::TrainingSet& set) {
-    if (o.class_cache_dir.empty()) return std::nullopt;
-    const storage::Cache cache = storage::Cache::open(o.class_cache_dir, /*create=*/false);
-    train::TrainingSet classes = train::TrainingSet::open(cache, o.skip_corrupt);
-    if (set.latent_rank() != 3) {
-        throw Error::InvalidArgument(
-            "--with_prior_preservation is for image caches (DC-AE latents): " + o.cache_dir +
-            " holds video latents");
-    }
-    if (classes.latent_rank() != set.latent_rank() ||
-        classes.latent_channels() != set.latent_channels() ||
-        classes.latent_downsample() != set.latent_downsample() ||
-        classes.text_hidden() != set.text_hidden()) {
-        throw Error::InvalidArgument(fmt::format(
-            "the class cache {} was encoded otherwise than {} (latents of {} channels at 1/{} "
-            "against {} at 1/{}, captions {} wide against {}): prep both with the same models",
-            o.class_cache_dir, o.cache_dir, classes.latent_channels(), classes.latent_downsample(),
-            set.latent_channels(), set.latent_downsample(), classes.text_hidden(),
-            set.text_hidden()));
-    }
-    return classes;
-}
-
 TrainReport run_train(const TrainOptions& options) {
     validate(options);
     const TrainOptions& o = options;  // until the samplers resolve the run's steps
@@ -788,10 +658,11 @@ TrainReport run_train(const TrainOptions& options) {
         shards.push_back(storage::Cache::open(dir, /*create=*/false));
     const storage::Cache& cache = shards.front();
     const train::TrainingSet set = train::TrainingSet::open(shards, o.skip_corrupt);
-    const std::optional<train::TrainingSet> classes = open_class_samples(o, set);
-    Samplers samplers = make_samplers(global, set, classes ? &*classes : nullptr);
+    const std::optional<train::TrainingSet> classes = training::open_class_samples(o, set);
+    training::Samplers samplers =
+        training::make_samplers(global, set, classes ? &*classes : nullptr);
     const TrainOptions resolved = resolve_run(global, samplers);  // before samplers move
-    return train_loop(resolved, cache, RunData{set, classes ? &*classes : nullptr},
+    return train_loop(resolved, cache, training::RunData{set, classes ? &*classes : nullptr},
                       std::move(samplers), ranks.device, ranks.sync, t0);
 }
 

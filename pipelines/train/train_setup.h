@@ -6,11 +6,13 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/common/diffusion_transformer.h"
 #include "pipelines/train/train.h"
+#include "stages/train/prior_pairs.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_state.h"
 #include "stages/train/train_step.h"
@@ -18,6 +20,44 @@
 namespace sf::pipelines::training {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// run_data.cpp: what a run draws its micro-batches from.
+// The instance samples and, with prior preservation, the class samples.
+struct RunData {
+    const train::TrainingSet& set;
+    const train::TrainingSet* classes = nullptr;
+};
+
+// The samplers of a run: one over every bucket, or with --joint_training_interval k one over the
+// video windows and one over the images, the images' drawn at every step s > 0 with s % k == 0
+// (as SANA-Video's trainer counts its global step). With prior preservation the main sampler
+// draws pairs of an instance and a class sample (stages/train/prior_pairs.h).
+struct Samplers {
+    std::unique_ptr<train::BucketSampler> main, images;
+    std::optional<train::PriorPairs> prior;
+
+    // The batch of the step `step` (0-based: the steps done before it).
+    std::vector<int64_t> next(int64_t step, int64_t interval) {
+        const bool image_step = images && step > 0 && step % interval == 0;
+        return image_step ? images->next() : main->next();
+    }
+};
+// `classes`: the class samples of prior preservation, or null. kInvalidArgument for joint
+// training on a cache without both kinds, or a bucket of instances without class samples.
+Samplers make_samplers(const TrainOptions& o, const train::TrainingSet& set,
+                       const train::TrainingSet* classes);
+// Optimizer steps in an epoch, as upstream counts them: ceil(batches / accumulation).
+int64_t steps_per_epoch(const TrainOptions& o, const Samplers& samplers);
+// With prior preservation (o.class_cache_dir), the class cache's samples, checked to join the
+// instance batches: image latents of the same VAE's channels and caption features of the same
+// width (kInvalidArgument otherwise); nullopt without.
+std::optional<train::TrainingSet> open_class_samples(const TrainOptions& o,
+                                                     const train::TrainingSet& set);
+// The next micro-batch of the step `step` (0-based), its samples counted into `samples`: a batch
+// whose samples all turned out damaged (--skip_corrupt) is passed over. With prior preservation,
+// the drawn pairs' instance samples then their class samples, weighted.
+train::MicroBatch draw_micro_batch(const TrainOptions& o, const RunData& data, Samplers& samplers,
+                                   int64_t step, at::Generator& gen, int64_t& samples);
 
 // model_setup.cpp: the transformer the options name (pretrained, a config.json with seeded
 // weights, or the built-in tiny one sized to the cache), checked against what the cache holds,
