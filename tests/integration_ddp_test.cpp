@@ -152,6 +152,29 @@ std::string weights_of(const std::string& out, bool lora) {
                        : "/transformer/diffusion_pytorch_model.safetensors");
 }
 
+// Each step's d x lr of an --optimizer prodigy run, from its metrics.jsonl.
+std::vector<double> prodigy_d_lr_in(const std::string& output_dir) {
+    std::istringstream lines(sf::test::read_file(fs::path(output_dir) / "metrics.jsonl"));
+    std::vector<double> out;
+    for (std::string line; std::getline(lines, line);)
+        out.push_back(nlohmann::json::parse(line).value("prodigy_d_lr", 0.0));
+    return out;
+}
+
+const std::vector<std::string> kProdigy = {"--learning_rate",
+                                           "1",
+                                           "--prodigy_safeguard_warmup",
+                                           "False",
+                                           "--prodigy_use_bias_correction",
+                                           "False",
+                                           "--optimizer",
+                                           "prodigy"};
+
+std::vector<std::string> with(std::vector<std::string> flags, const std::string& flag) {
+    flags.push_back(flag);
+    return flags;
+}
+
 struct EqualityCase {
     std::string name;
     int world, batch;
@@ -208,6 +231,10 @@ TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrain
          1e-5,
          1e-3},
         {"ZeRO-1, 3 ranks", 3, 1, {"--shard_optimizer_state", "--max_train_steps", "5"}},
+        // Prodigy, with the switches under which its estimate moves within 3 steps: unsharded
+        // every rank sums every gradient; ZeRO-1 adds up the ranks' shares of its two sums.
+        {"Prodigy", 2, 2, kProdigy},
+        {"ZeRO-1, Prodigy", 2, 2, with(kProdigy, "--shard_optimizer_state")},
     };
     TempDir tmp("sf_ddp_equal");
     std::map<std::string, std::string> references;  // ZeRO-1 cases share the unsharded ones'
@@ -232,6 +259,14 @@ TEST(TrainDataParallel, RanksOfPartBatchesTrainWhatOneRankWithTheWholeBatchTrain
         std::printf("[ ddp     ] %s: %d ranks x %d vs 1 x %d: weights within %.2e relative\n",
                     c.name.c_str(), c.world, c.batch, c.world * c.batch, d);
         EXPECT_LT(d, c.weight_bound);
+        if (std::find(c.flags.begin(), c.flags.end(), "prodigy") != c.flags.end()) {
+            // The estimate, which moves the weights too little to show in them yet: the same.
+            const std::vector<double> da = prodigy_d_lr_in(one), db = prodigy_d_lr_in(many);
+            ASSERT_EQ(da.size(), a.size());
+            ASSERT_EQ(db.size(), da.size());
+            EXPECT_GT(da.back(), 1.5e-6) << "the estimate did not move from d0";
+            for (size_t i = 0; i < da.size(); ++i) EXPECT_NEAR(db[i], da[i], 1e-5 * da[i]) << i;
+        }
         EXPECT_FALSE(fs::exists(many + "/checkpoint-1"));
         // Each rank's memory timeline, rank 0's under the usual name.
         EXPECT_TRUE(fs::exists(many + "/memory_timeline.json"));

@@ -219,7 +219,8 @@ TEST(Prodigy, StepsAsProdigyoptDoesInEveryMode) {
 
 // On a least-squares problem with --learning_rate 1, Prodigy finds a step size on its own: d
 // grows from 1e-6 by orders of magnitude and the loss falls, where AdamW at Prodigy's initial
-// step size does not move. Its state resumes bit-identically; other state is refused.
+// step size does not move. Its state resumes bit-identically; other state is refused; another
+// rank's parameter is left alone.
 TEST(Prodigy, FindsItsStepSizeAndResumesExactly) {
     torch::manual_seed(4);
     const at::Tensor a = torch::randn({32, 8}), b = torch::randn({32});
@@ -274,8 +275,12 @@ TEST(Prodigy, FindsItsStepSizeAndResumesExactly) {
     other.step(1.0);
     sf::test::expect_error([&] { second.load_state(other.state()); },
                            sf::ErrorCode::kInvalidArgument, "x.s is missing");
-    sf::test::expect_error([&] { second.set_owned({false}); }, sf::ErrorCode::kInvalidArgument,
-                           "--shard_optimizer_state");
+    // Another rank's parameter (ZeRO-1) is not stepped and keeps no state.
+    second.set_owned({false});
+    const at::Tensor before = w.detach().clone();
+    run(second, w, 1);
+    EXPECT_TRUE(torch::equal(w.detach(), before));
+    EXPECT_EQ(second.state().count("x.s"), 0u);
     sf::train::AdamWOptions zero = o;
     zero.lr = 0;
     sf::test::expect_error(

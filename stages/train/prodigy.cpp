@@ -46,12 +46,10 @@ Prodigy::Prodigy(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOp
 }
 
 void Prodigy::set_owned(std::vector<bool> owned) {
-    if (std::find(owned.begin(), owned.end(), false) != owned.end()) {
-        throw Error::InvalidArgument(
-            "--optimizer prodigy with --shard_optimizer_state: Prodigy's step size sums over "
-            "every parameter, which one rank's share does not hold (not built)");
-    }
     Optimizer::set_owned(std::move(owned));
+    for (size_t i = 0; i < params_.size(); ++i) {
+        if (!owns(i)) state_[i] = PerParam{};
+    }
 }
 
 void Prodigy::step(double lr) {
@@ -73,7 +71,7 @@ void Prodigy::step(double lr) {
     std::vector<size_t> stepped;
     for (size_t i = 0; i < params_.size(); ++i) {
         const at::Tensor& p = params_[i].second;
-        if (!p.grad().defined()) continue;
+        if (!p.grad().defined() || !owns(i)) continue;
         at::Tensor grad = p.grad();
         if (decay != 0 && !o.decouple) grad.add_(p, decay);  // coupled weight decay
         PerParam& st = state_[i];
@@ -94,9 +92,14 @@ void Prodigy::step(double lr) {
         add(denominator, st.s.abs().sum());
         stepped.push_back(i);
     }
-    const double d_denom = denominator.defined() ? denominator.item<double>() : 0.0;
+    double d_denom = denominator.defined() ? denominator.item<double>() : 0.0;
+    double terms = numerator.defined() ? numerator.item<double>() : 0.0;
+    if (rank_sum_) {  // every rank's share of both sums (prodigyopt's fsdp_in_use all-reduce)
+        d_denom = rank_sum_(d_denom);
+        terms = rank_sum_(terms);
+    }
     if (d_denom == 0) return;  // no progress to estimate from (as prodigyopt: nothing updated)
-    d_numerator += numerator.item<double>();
+    d_numerator += terms;
     const double d_hat = o.d_coef * d_numerator / d_denom;
     double d = d_;
     if (d == o.d0) d = std::max(d, d_hat);
@@ -151,7 +154,8 @@ void Prodigy::load_state(const std::map<std::string, at::Tensor>& state) {
     std::vector<PerParam> loaded(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
         const auto& [name, p] = params_[i];
-        if (state.count(name + ".step") == 0) continue;  // never stepped
+        // Never stepped, or another rank's (ZeRO-1).
+        if (state.count(name + ".step") == 0 || !owns(i)) continue;
         PerParam& st = loaded[i];
         st.step = get(name + ".step").item<int64_t>();
         auto place = [&](const std::string& which, std::vector<int64_t> shape, bool scalar_ok) {

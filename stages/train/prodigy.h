@@ -14,11 +14,14 @@
 // p0 is each parameter's value at its first step (a scalar 0 for a parameter that is all zeros,
 // as prodigyopt saves the memory: LoRA's B matrices), so the state is four tensors per parameter.
 // Every parameter's gradient is needed before the first update (the D estimate sums over all of
-// them): no fused backward pass, no 8-bit or offloaded state, no ZeRO-1 sharding.
+// them): no fused backward pass, no 8-bit or offloaded state. Under ZeRO-1 each rank steps the
+// parameters it owns, and the estimate's two sums are added up over the ranks (set_rank_sum), so
+// every rank holds the same d.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,8 +43,11 @@ public:
     // and "prodigy.k" (int64, steps taken).
     std::map<std::string, at::Tensor> state() const override;
     void load_state(const std::map<std::string, at::Tensor>& state) override;
-    // Only the whole set: the estimate sums over every parameter.
+    // ZeRO-1: the parameters of other ranks are not stepped and keep no state.
     void set_owned(std::vector<bool> owned) override;
+    // With the parameters spread over ranks: adds up a value over the ranks (every rank calls it
+    // with its part). Without: the sums are this process's.
+    void set_rank_sum(std::function<double(double)> sum) { rank_sum_ = std::move(sum); }
 
     double d() const { return d_; }
     double d_max() const { return d_max_; }
@@ -52,6 +58,7 @@ private:
         int64_t step = 0;
     };
     AdamWOptions options_;
+    std::function<double(double)> rank_sum_;
     double beta3_;
     std::vector<PerParam> state_;
     double d_, d_max_, d_numerator_ = 0;

@@ -229,10 +229,13 @@ TrainStep::TrainStep(std::shared_ptr<model::DiffusionTransformer> model,
         if (options_.fused_backward || adamw.eight_bit || adamw.offload) {
             throw Error::InvalidArgument(
                 "--optimizer prodigy sums over every gradient before its first update and keeps "
-                "its state whole on the device: not with --fused_backward_pass, 8-bit state or "
-                "--offload_optimizer");
+                "its fp32 state beside the weights: not with --fused_backward_pass, 8-bit state "
+                "or --offload_optimizer");
         }
-        optimizer_ = std::make_unique<Prodigy>(std::move(trainable), adamw);
+        auto prodigy = std::make_unique<Prodigy>(std::move(trainable), adamw);
+        if (sync_->shards_state())
+            prodigy->set_rank_sum([this](double v) { return sync_->reduce_sum(v); });
+        optimizer_ = std::move(prodigy);
     } else {
         auto a = std::make_unique<AdamW>(std::move(trainable), adamw);
         adamw_ = a.get();
