@@ -112,11 +112,19 @@ void check_prior_flags(const TrainOptions& o, const TrainCommand& c, bool prep_f
     if (c.prep.vae_kind != "dc-ae")
         throw sf::Error::InvalidArgument(
             "--with_prior_preservation is for images (--vae dc-ae), not video latents");
-    if (sf::distributed::launch_env().distributed())
-        throw sf::Error::InvalidArgument(
-            "--with_prior_preservation under a data-parallel launch is not built: run the same "
-            "command in one process first with --max_train_steps 1 to generate and prep the class "
-            "images, or train in one process");
+#if defined(SANAFLOW_WITH_MEDIA)
+    // Under a launcher the ranks prep their shares of the class images, but none generates them
+    // (the ranks are not joined before training).
+    const int64_t found = sf::pipelines::count_class_images(k.class_data_dir);
+    if (sf::distributed::launch_env().distributed() && found < k.num_class_images) {
+        throw sf::Error::InvalidArgument(fmt::format(
+            "--with_prior_preservation under a data-parallel launch: --class_data_dir {} holds {} "
+            "of --num_class_images {} images, and ranks do not generate them; run the same "
+            "command once in one process to generate them (with --max_train_steps 1 and another "
+            "--output_dir: a launch's caches are sharded), then launch",
+            k.class_data_dir, found, k.num_class_images));
+    }
+#endif
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "pipelines/train/train_setup.h"
 #include "storage/cache.h"
+#include "storage/cache_shards.h"
 
 namespace sf::pipelines::training {
 
@@ -64,8 +65,11 @@ int64_t steps_per_epoch(const TrainOptions& o, const Samplers& samplers) {
 std::optional<train::TrainingSet> open_class_samples(const TrainOptions& o,
                                                      const train::TrainingSet& set) {
     if (o.class_cache_dir.empty()) return std::nullopt;
-    const storage::Cache cache = storage::Cache::open(o.class_cache_dir, /*create=*/false);
-    train::TrainingSet classes = train::TrainingSet::open(cache, o.skip_corrupt);
+    // The class cache, or every shard of it when a launch prepped it.
+    std::vector<storage::Cache> shards;
+    for (const auto& dir : storage::cache_shard_dirs(o.class_cache_dir))
+        shards.push_back(storage::Cache::open(dir, /*create=*/false));
+    train::TrainingSet classes = train::TrainingSet::open(shards, o.skip_corrupt);
     if (set.latent_rank() != 3) {
         throw Error::InvalidArgument(
             "--with_prior_preservation is for image caches (DC-AE latents): " + o.cache_dir +
