@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "integration_util.h"
+#include "pipelines/train/class_images.h"
 #include "pipelines/train/train.h"
 #include "stages/train/train_data.h"
 #include "storage/cache.h"
@@ -55,7 +56,7 @@ TEST(TrainPrior, ClassImagesAreMadeAtTheInstanceBucketsOnceAndTheSameAcrossRuns)
     EXPECT_NE(first.output.find("trained 2 steps"), std::string::npos) << first.output;
 
     // Upstream's names, <index>-<hash>.jpg; each at the size of an instance bucket, every
-    // instance bucket covered (image i at instance sample i's bucket).
+    // instance bucket covered (the buckets taken round-robin).
     const auto made = class_images(tmp.file("classes"));
     ASSERT_EQ(made.size(), 6u);
     const std::regex name("[0-5]-[0-9a-f]{32}\\.jpg");
@@ -167,6 +168,17 @@ TEST(TrainPrior, MissingClassFlagsAreNamedBeforeAnyWork) {
     EXPECT_EQ(cache_only.exit_code, 2) << cache_only.output;
     EXPECT_NE(cache_only.output.find("give --instance_data_dir"), std::string::npos)
         << cache_only.output;
+    // Fewer class images to make than the instances' 2 aspect buckets (300x300 and 320x240
+    // images): refused after the instance prep, before any image is made.
+    const auto few = sf::test::run_command(
+        kSanaflow + " train --instance_data_dir " + tmp.file("data") +
+        " --with_prior_preservation --class_prompt dog --num_class_images 1 --class_data_dir " +
+        tmp.file("few") + " --output_dir " + tmp.file("few_out"));
+    EXPECT_EQ(few.exit_code, 2) << few.output;
+    EXPECT_NE(few.output.find("--num_class_images 1 cannot cover the 2 aspect buckets"),
+              std::string::npos)
+        << few.output;
+    EXPECT_EQ(sf::pipelines::count_class_images(tmp.file("few")), 0);
     // The class images may not go among the instance images, nor the other way round.
     for (const std::string& classes :
          {tmp.file("data"), tmp.file("data/sub"), tmp.path().string()}) {

@@ -95,6 +95,19 @@ std::string encode_jpeg(const at::Tensor& rgb) {
     return std::string(bytes.begin(), bytes.end());
 }
 
+// The instance samples' buckets, one per sample, taken round-robin over the buckets (in name
+// order): every bucket in the first (number of buckets) entries, then each in proportion.
+std::vector<train::Bucket> bucket_order(const train::TrainingSet& set) {
+    size_t total = 0;
+    for (const auto& [bucket, indices] : set.buckets()) total += indices.size();
+    std::vector<train::Bucket> order;
+    for (size_t round = 0; order.size() < total; ++round) {
+        for (const auto& [bucket, indices] : set.buckets())
+            if (round < indices.size()) order.push_back(bucket);
+    }
+    return order;
+}
+
 }  // namespace
 
 int64_t count_class_images(const std::string& dir) {
@@ -148,12 +161,21 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
     const stages::ModelSource vae = training::cache_vae(o, /*video=*/false);
     training::check_cache_vae(cache, vae, /*video=*/false, "--with_prior_preservation");
 
-    // Which images to make, by bucket: image i at instance sample (i mod n)'s bucket.
+    // Which images to make, by bucket: image i at the bucket of the i-th instance sample taken
+    // round-robin over the buckets, so the first images cover every bucket.
+    const std::vector<train::Bucket> order = bucket_order(set);
+    const auto buckets = static_cast<int64_t>(set.buckets().size());
+    if (report.found == 0 && c.num_class_images < buckets) {
+        throw Error::InvalidArgument(fmt::format(
+            "--num_class_images {} cannot cover the {} aspect buckets of the instance images (a "
+            "batch pairs instance and class images of one shape): raise it to {} or more, or use "
+            "--center_crop (one square bucket)",
+            c.num_class_images, buckets, buckets));
+    }
     const int64_t missing = c.num_class_images - report.found;
     std::map<train::Bucket, std::vector<int64_t>> by_bucket;
-    const auto& samples = set.samples();
     for (int64_t i = report.found; i < c.num_class_images; ++i)
-        by_bucket[samples[static_cast<size_t>(i) % samples.size()].bucket].push_back(i);
+        by_bucket[order[static_cast<size_t>(i) % order.size()]].push_back(i);
     log_info("train: prior preservation: {} class images in {}; generating {} of \"{}\"",
              report.found, c.class_data_dir, missing, c.class_prompt);
 

@@ -5,10 +5,12 @@
 //
 // Here the prompt's features come from the instance cache (prep encodes --class_prompt with the
 // captions), so no text encoder is loaded; the transformer samples them all, then leaves the
-// device before the VAE's decoder arrives, each inside the device lease. Image i is made at the
-// size of the bucket of instance sample i mod n, so every instance bucket gets class images of its
-// shape, from noise seeded by --seed and i alone: a run killed midway leaves whole files only
-// (each written atomically), and the rerun makes the same images for the indices still missing.
+// device before the VAE's decoder arrives, each inside the device lease. The images are made at
+// the sizes of the instance samples' aspect buckets, taken round-robin over the buckets (image i
+// at entry i mod n of that order), so the first images cover every bucket and the rest follow the
+// buckets' sizes; with no class image yet, fewer images than buckets is refused before any is made.
+// Noise is seeded by --seed and i alone: a run killed midway leaves whole files only (each written
+// atomically), and the rerun makes the same images for the indices still missing.
 // Sampling is validation's: Euler steps (--validation_inference_steps, 20 as Sana's pipeline) with
 // guidance --validation_guidance_scale (4.5) against the empty prompt.
 #pragma once
