@@ -43,10 +43,21 @@ std::string prior_command(const TempDir& tmp, const std::string& classes, const 
            tmp.file(out);
 }
 
+// The whole job once, shared by the tests of this file: 6 instance images of 4 shapes, 6 class
+// images made into TMP/classes, the caches in TMP/out. Its TempDir, and what the command printed.
+const TempDir& prior_run(sf::test::CommandResult* printed = nullptr) {
+    static TempDir tmp("sf_prior");
+    static const sf::test::CommandResult first = [&] {
+        sf::test::write_dataset(tmp.path() / "data", 0, 6);
+        return sf::test::run_command(prior_command(tmp, "classes", "out", 6));
+    }();
+    if (printed != nullptr) *printed = first;
+    return tmp;
+}
+
 TEST(TrainPrior, ClassImagesAreMadeAtTheInstanceBucketsOnceAndTheSameAcrossRuns) {
-    TempDir tmp("sf_prior");
-    sf::test::write_dataset(tmp.path() / "data", 0, 6);  // 4 shapes
-    const auto first = sf::test::run_command(prior_command(tmp, "classes", "out", 6));
+    sf::test::CommandResult first;
+    const TempDir& tmp = prior_run(&first);
     ASSERT_EQ(first.exit_code, 0) << first.output;
     EXPECT_NE(first.output.find("generating 6 of \"photo of a pet\""), std::string::npos)
         << first.output;
@@ -112,10 +123,15 @@ TEST(TrainPrior, ClassImagesAreMadeAtTheInstanceBucketsOnceAndTheSameAcrossRuns)
     const auto again = sf::test::run_command(prior_command(tmp, "classes", "out_again", 8));
     ASSERT_EQ(again.exit_code, 0) << again.output;
     EXPECT_EQ(again.output.find("generating"), std::string::npos) << again.output;
+}
 
-    // The loss of a step is the instance loss plus --prior_loss_weight x the class loss: the
-    // same batch, noise and forward pass under weights 0, 1 and 2 (learning rate 0).
-    auto loss_at = [&](double weight, const std::string& out) {
+// The loss of a step is the instance loss plus --prior_loss_weight x the class loss: the same
+// batch, noise and forward pass under weights 0, 1 and 2 (learning rate 0). A checkpoint resumes
+// only with the same weight.
+TEST(TrainPrior, TheLossAddsTheClassLossTimesItsWeight) {
+    const TempDir& tmp = prior_run();
+    ASSERT_TRUE(fs::exists(tmp.file("out/class_cache"))) << "the shared run failed";
+    auto options = [&](double weight, const std::string& out) {
         TrainOptions o;
         o.cache_dir = tmp.file("out/cache");
         o.class_cache_dir = tmp.file("out/class_cache");
@@ -126,20 +142,16 @@ TEST(TrainPrior, ClassImagesAreMadeAtTheInstanceBucketsOnceAndTheSameAcrossRuns)
         o.learning_rate = 0;
         o.checkpointing_steps = 1;
         o.report_to = "none";
-        return sf::pipelines::run_train(o).losses.at(0);
+        return o;
+    };
+    auto loss_at = [&](double weight, const std::string& out) {
+        return sf::pipelines::run_train(options(weight, out)).losses.at(0);
     };
     const double l0 = loss_at(0, "w0"), l1 = loss_at(1, "w1"), l2 = loss_at(2, "w2");
     EXPECT_GT(l1, l0 + 1e-3) << "the class samples add nothing";
     EXPECT_NEAR(l2 - l0, 2 * (l1 - l0), 1e-5 * l2);
-    // A checkpoint resumes only with the same weight and class data.
-    TrainOptions resume;
-    resume.cache_dir = tmp.file("out/cache");
-    resume.class_cache_dir = tmp.file("out/class_cache");
-    resume.prior_loss_weight = 2;
-    resume.output_dir = tmp.file("w1");
+    TrainOptions resume = options(2, "w1");
     resume.max_train_steps = 2;
-    resume.train_batch_size = 2;
-    resume.report_to = "none";
     resume.resume_from_checkpoint = "latest";
     sf::test::expect_error([&] { sf::pipelines::run_train(resume); },
                            sf::ErrorCode::kInvalidArgument, "prior_loss_weight");

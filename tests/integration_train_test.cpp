@@ -282,18 +282,15 @@ TEST(TrainIntegration, ProdigyTrainsAndResumesExactly) {
     EXPECT_EQ(scalar_p0, whole_p0);
     EXPECT_GT(scalar_p0, 0);
 
-    auto split = o;
-    split.output_dir = out.file("split");
-    split.max_train_steps = 3;
-    sf::pipelines::run_train(split);
-    split.max_train_steps = 6;
-    split.resume_from_checkpoint = "latest";
-    const auto resumed = sf::pipelines::run_train(split);
+    const auto resumed = sf::test::train_stopped_and_resumed(o, out.file("split"), 3);
     EXPECT_EQ(resumed.losses, whole.losses);
     EXPECT_EQ(sf::test::read_file(resumed.weights_path), sf::test::read_file(whole.weights_path));
-    split.prodigy_safeguard_warmup = false;  // another Prodigy: refused on resume
-    split.max_train_steps = 8;
-    sf::test::expect_error([&] { sf::pipelines::run_train(split); },
+    auto other = o;  // another Prodigy: refused on resume
+    other.output_dir = out.file("split");
+    other.resume_from_checkpoint = "latest";
+    other.prodigy_safeguard_warmup = false;
+    other.max_train_steps = 8;
+    sf::test::expect_error([&] { sf::pipelines::run_train(other); },
                            sf::ErrorCode::kInvalidArgument, "prodigy_safeguard_warmup");
     auto fused = o;
     fused.output_dir = out.file("fused");
@@ -329,16 +326,13 @@ TEST(TrainIntegration, LoRADropoutChangesTheStepsAndResumesExactly) {
     EXPECT_EQ(whole.losses[0], without.losses[0]);
     EXPECT_NE(whole.losses, without.losses) << "--lora_dropout changed nothing";
 
-    auto split = o;
-    split.output_dir = out.file("split");
-    split.max_train_steps = 2;
-    sf::pipelines::run_train(split);
-    split.max_train_steps = 4;
-    split.resume_from_checkpoint = "latest";
-    const auto resumed = sf::pipelines::run_train(split);
+    const auto resumed = sf::test::train_stopped_and_resumed(o, out.file("split"), 2);
     EXPECT_EQ(resumed.losses, whole.losses);
     EXPECT_EQ(sf::test::read_file(resumed.weights_path), sf::test::read_file(whole.weights_path));
 
+    auto split = o;
+    split.output_dir = out.file("split");
+    split.resume_from_checkpoint = "latest";
     split.lora_dropout = 0.1;
     split.max_train_steps = 6;
     sf::test::expect_error([&] { sf::pipelines::run_train(split); },

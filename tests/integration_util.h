@@ -14,11 +14,26 @@
 #include <vector>
 
 #include "pipelines/prep/prep.h"
+#include "pipelines/train/train.h"
 #include "test_util.h"
 
 namespace sf::test {
 
 inline const std::string kSanaflow = std::string(SANAFLOW_BINARY_DIR) + "/sanaflow";
+
+// `o` run in OUTPUT_DIR `output_dir` up to step `stop` (a checkpoint of o's there), then resumed
+// from its latest checkpoint up to o.max_train_steps: the resumed run's report.
+inline sf::pipelines::TrainReport train_stopped_and_resumed(sf::pipelines::TrainOptions o,
+                                                            const std::string& output_dir,
+                                                            int64_t stop) {
+    const int64_t end = o.max_train_steps;
+    o.output_dir = output_dir;
+    o.max_train_steps = stop;
+    sf::pipelines::run_train(o);
+    o.max_train_steps = end;
+    o.resume_from_checkpoint = "latest";
+    return sf::pipelines::run_train(o);
+}
 
 // Writes image i of a dataset: sizes and colors vary so several buckets are used.
 inline void write_image(const std::filesystem::path& dir, int i, const std::string& caption) {

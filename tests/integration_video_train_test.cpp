@@ -121,14 +121,7 @@ TEST(TrainVideoIntegration, LoRAHasDiffusersKeysAndResumesExactly) {
     EXPECT_TRUE(adapters.count("transformer.transformer_blocks.1.attn2.to_v.lora_B.weight"));
 
     // Stopped after its checkpoint at step 3 and resumed: the same adapters, bit for bit.
-    auto first = video_train_options(out.file("split"));
-    first.rank = 4;
-    first.max_train_steps = 3;
-    first.checkpointing_steps = 3;
-    sf::pipelines::run_train(first);
-    first.max_train_steps = 6;
-    first.resume_from_checkpoint = "latest";
-    const auto resumed = sf::pipelines::run_train(first);
+    const auto resumed = sf::test::train_stopped_and_resumed(o, out.file("split"), 3);
     EXPECT_EQ(resumed.losses, whole.losses);
     const auto again = tensors_of(resumed.weights_path);
     for (const auto& [name, t] : adapters) {

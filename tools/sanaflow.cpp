@@ -115,8 +115,9 @@ void check_prior_flags(const TrainOptions& o, const TrainCommand& c, bool prep_f
 #if defined(SANAFLOW_WITH_MEDIA)
     // Under a launcher the ranks prep their shares of the class images, but none generates them
     // (the ranks are not joined before training).
-    const int64_t found = sf::pipelines::count_class_images(k.class_data_dir);
-    if (sf::distributed::launch_env().distributed() && found < k.num_class_images) {
+    const bool launched = sf::distributed::launch_env().distributed();
+    const int64_t found = launched ? sf::pipelines::count_class_images(k.class_data_dir) : 0;
+    if (launched && found < k.num_class_images) {
         throw sf::Error::InvalidArgument(fmt::format(
             "--with_prior_preservation under a data-parallel launch: --class_data_dir {} holds {} "
             "of --num_class_images {} images, and ranks do not generate them; run the same "

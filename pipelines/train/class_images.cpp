@@ -108,26 +108,105 @@ std::vector<train::Bucket> bucket_order(const train::TrainingSet& set) {
     return order;
 }
 
+// Which images to make, by bucket: image i (found <= i < wanted) at entry i mod n of
+// bucket_order, so the first images cover every bucket. kInvalidArgument when none is there yet
+// and fewer are wanted than there are buckets.
+std::map<train::Bucket, std::vector<int64_t>> plan_class_images(const train::TrainingSet& set,
+                                                                int64_t found, int64_t wanted) {
+    const auto buckets = static_cast<int64_t>(set.buckets().size());
+    if (found == 0 && wanted < buckets) {
+        throw Error::InvalidArgument(fmt::format(
+            "--num_class_images {} cannot cover the {} aspect buckets of the instance images (a "
+            "batch pairs instance and class images of one shape): raise it to {} or more, or use "
+            "--center_crop (one square bucket)",
+            wanted, buckets, buckets));
+    }
+    const std::vector<train::Bucket> order = bucket_order(set);
+    std::map<train::Bucket, std::vector<int64_t>> by_bucket;
+    for (int64_t i = found; i < wanted; ++i)
+        by_bucket[order[static_cast<size_t>(i) % order.size()]].push_back(i);
+    return by_bucket;
+}
+
+// The base transformer (no adapters) on the device for this only: each bucket's images sampled
+// --sample_batch_size at a time. Index -> latent [1, C, h, w] on the CPU.
+std::map<int64_t, at::Tensor> sample_class_latents(
+    const TrainOptions& o, const ClassImageOptions& c, const train::TrainingSet& set,
+    const at::Tensor& prompt, const std::map<train::Bucket, std::vector<int64_t>>& by_bucket,
+    c10::Device device, graph::Progress& progress) {
+    auto lease = graph::device_lease().acquire("generate_class_images");
+    TrainOptions base = o;
+    base.rank = 0;
+    base.lora_dropout = 0;
+    std::string source;
+    const auto transformer = training::build_transformer(base, set, source);
+    transformer->module().to(device);
+    transformer->module().eval();
+    at::NoGradGuard no_grad;
+    const std::string precision = c.precision.empty() ? o.mixed_precision : c.precision;
+    const bool autocast = precision == "fp16" || precision == "bf16";
+    model::AutocastGuard guard(device.type(), autocast ? resolve_dtype(precision) : at::kBFloat16,
+                               autocast);
+    const std::vector<double> sigmas =
+        sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);
+    const at::Tensor empty = set.empty_prompt().to(device, at::kFloat);
+    const at::Tensor caption = prompt.to(device, at::kFloat).unsqueeze(0);
+    const int64_t down = set.latent_downsample();
+    const auto batch = static_cast<size_t>(c.sample_batch_size);
+    std::map<int64_t, at::Tensor> latents;
+    for (const auto& [bucket, indices] : by_bucket) {
+        for (size_t first = 0; first < indices.size(); first += batch) {
+            const size_t last = std::min(indices.size(), first + batch);
+            const auto n = static_cast<int64_t>(last - first);
+            std::vector<at::Tensor> noise;
+            for (size_t k = first; k < last; ++k)
+                noise.push_back(class_noise(
+                    o.seed, indices[k],
+                    {1, set.latent_channels(), bucket.height / down, bucket.width / down}));
+            const at::Tensor mask =
+                torch::ones({n, prompt.size(0)}, at::TensorOptions(at::kLong)).to(device);
+            const sample::Velocity v =
+                sample::guided_velocity(*transformer, caption.expand({n, -1, -1}), mask, empty,
+                                        o.validation_guidance_scale);
+            const at::Tensor x = sample::euler_sample(v, at::cat(noise).to(device), sigmas);
+            for (size_t k = first; k < last; ++k)
+                latents[indices[k]] =
+                    x.narrow(0, static_cast<int64_t>(k - first), 1).to(at::kCPU, at::kFloat);
+            progress.advance(n);
+        }
+    }
+    return latents;
+}
+
+// The VAE's decoder on the device for this only: each latent decoded and written atomically as
+// DIR/<index>-<hash>.jpg. The paths, in index order.
+std::vector<std::string> write_class_images(const stages::ModelSource& vae, c10::Device device,
+                                            const std::map<int64_t, at::Tensor>& latents,
+                                            const std::string& dir) {
+    auto lease = graph::device_lease().acquire("decode_class_images");
+    sample::LatentDecoder decoder(vae, device);
+    std::vector<std::string> written;
+    for (const auto& [index, latent] : latents) {
+        const std::string jpeg = encode_jpeg(decoder.decode(latent)[0]);
+        const std::string path =
+            (fs::path(dir) / fmt::format("{}-{}.jpg", index, storage::xxh3_128_hex(jpeg))).string();
+        storage::write_file_atomic(path, jpeg);
+        written.push_back(path);
+    }
+    return written;
+}
+
 }  // namespace
 
 int64_t count_class_images(const std::string& dir) {
-    const stages::DatasetConfig defaults;
-    int64_t n = 0;
     std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-         it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        if (name.empty() || name[0] == '.') {
-            it.disable_recursion_pending();  // prep skips dot names, files and folders alike
-            continue;
-        }
-        std::string ext = it->path().extension().string();
-        if (!it->is_regular_file() || ext.size() < 2) continue;
-        ext = ext.substr(1);
-        std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-        n += std::count(defaults.extensions.begin(), defaults.extensions.end(), ext);
-    }
-    return n;
+    if (!fs::is_directory(dir, ec)) return 0;
+    // What prep's scan would find there (its extensions, dot names skipped, a metadata.jsonl
+    // read), every image captioned alike.
+    stages::DatasetConfig scan;
+    scan.instance_data_dir = dir;
+    scan.instance_prompt = "class";
+    return static_cast<int64_t>(stages::scan_dataset(scan).samples.size());
 }
 
 ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c) {
@@ -161,83 +240,16 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
     const stages::ModelSource vae = training::cache_vae(o, /*video=*/false);
     training::check_cache_vae(cache, vae, /*video=*/false, "--with_prior_preservation");
 
-    // Which images to make, by bucket: image i at the bucket of the i-th instance sample taken
-    // round-robin over the buckets, so the first images cover every bucket.
-    const std::vector<train::Bucket> order = bucket_order(set);
-    const auto buckets = static_cast<int64_t>(set.buckets().size());
-    if (report.found == 0 && c.num_class_images < buckets) {
-        throw Error::InvalidArgument(fmt::format(
-            "--num_class_images {} cannot cover the {} aspect buckets of the instance images (a "
-            "batch pairs instance and class images of one shape): raise it to {} or more, or use "
-            "--center_crop (one square bucket)",
-            c.num_class_images, buckets, buckets));
-    }
-    const int64_t missing = c.num_class_images - report.found;
-    std::map<train::Bucket, std::vector<int64_t>> by_bucket;
-    for (int64_t i = report.found; i < c.num_class_images; ++i)
-        by_bucket[order[static_cast<size_t>(i) % order.size()]].push_back(i);
+    const std::map<train::Bucket, std::vector<int64_t>> by_bucket =
+        plan_class_images(set, report.found, c.num_class_images);
     log_info("train: prior preservation: {} class images in {}; generating {} of \"{}\"",
-             report.found, c.class_data_dir, missing, c.class_prompt);
-
+             report.found, c.class_data_dir, c.num_class_images - report.found, c.class_prompt);
     const c10::Device device = resolve_device(o.device);
-    const std::string precision = c.precision.empty() ? o.mixed_precision : c.precision;
-    const bool autocast = precision == "fp16" || precision == "bf16";
-    std::map<int64_t, at::Tensor> latents;  // index -> [1, C, h, w] on the CPU
-    graph::Progress progress("class images", missing);
-    {
-        auto lease = graph::device_lease().acquire("generate_class_images");
-        TrainOptions base = o;  // the pretrained transformer as it is: no adapters
-        base.rank = 0;
-        base.lora_dropout = 0;
-        std::string source;
-        const auto transformer = training::build_transformer(base, set, source);
-        transformer->module().to(device);
-        transformer->module().eval();
-        at::NoGradGuard no_grad;
-        model::AutocastGuard guard(device.type(),
-                                   autocast ? resolve_dtype(precision) : at::kBFloat16, autocast);
-        const std::vector<double> sigmas =
-            sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);
-        const at::Tensor empty = set.empty_prompt().to(device, at::kFloat);
-        const int64_t down = set.latent_downsample();
-        for (const auto& [bucket, indices] : by_bucket) {
-            for (size_t first = 0; first < indices.size();
-                 first += static_cast<size_t>(c.sample_batch_size)) {
-                const size_t last =
-                    std::min(indices.size(), first + static_cast<size_t>(c.sample_batch_size));
-                const auto n = static_cast<int64_t>(last - first);
-                std::vector<at::Tensor> noise;
-                for (size_t k = first; k < last; ++k)
-                    noise.push_back(class_noise(
-                        o.seed, indices[k],
-                        {1, set.latent_channels(), bucket.height / down, bucket.width / down}));
-                const at::Tensor caption =
-                    prompt.to(device, at::kFloat).unsqueeze(0).expand({n, -1, -1});
-                const at::Tensor mask =
-                    torch::ones({n, prompt.size(0)}, at::TensorOptions(at::kLong)).to(device);
-                const sample::Velocity v = sample::guided_velocity(
-                    *transformer, caption, mask, empty, o.validation_guidance_scale);
-                const at::Tensor x = sample::euler_sample(v, at::cat(noise).to(device), sigmas);
-                for (size_t k = first; k < last; ++k)
-                    latents[indices[k]] =
-                        x.narrow(0, static_cast<int64_t>(k - first), 1).to(at::kCPU, at::kFloat);
-                progress.advance(n);
-            }
-        }
-    }
+    graph::Progress progress("class images", c.num_class_images - report.found);
+    const std::map<int64_t, at::Tensor> latents =
+        sample_class_latents(o, c, set, prompt, by_bucket, device, progress);
     mem::release_memory("class images after sampling");
-    {
-        auto lease = graph::device_lease().acquire("decode_class_images");
-        sample::LatentDecoder decoder(vae, device);
-        for (const auto& [index, latent] : latents) {
-            const std::string jpeg = encode_jpeg(decoder.decode(latent)[0]);
-            const std::string path = (fs::path(c.class_data_dir) /
-                                      fmt::format("{}-{}.jpg", index, storage::xxh3_128_hex(jpeg)))
-                                         .string();
-            storage::write_file_atomic(path, jpeg);
-            report.written.push_back(path);
-        }
-    }
+    report.written = write_class_images(vae, device, latents, c.class_data_dir);
     progress.finish();
     mem::release_memory("class images end");
     log_info("train: prior preservation: wrote {} class images to {}", report.written.size(),

@@ -51,11 +51,8 @@ int64_t memory_budget(const TrainOptions& o) {
     return o.memory_budget.empty() ? 0 : parse_bytes(o.memory_budget, "--memory_budget");
 }
 
-void validate(const TrainOptions& o) {
-    memory_budget(o);  // a bad size is refused before any work
-    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
-    if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
-    if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
+// The optimizer and its schedule.
+void validate_optimization(const TrainOptions& o) {
     if (o.optimizer != "adamw" && o.optimizer != "adamw8bit" && o.optimizer != "prodigy") {
         throw Error::InvalidArgument(
             fmt::format("--optimizer must be adamw, adamw8bit or prodigy, got '{}'", o.optimizer));
@@ -66,6 +63,23 @@ void validate(const TrainOptions& o) {
             "step size, and about 1.0 is usual (as upstream warns)",
             o.learning_rate);
     }
+    const double inf = std::numeric_limits<double>::infinity();
+    check_number("--learning_rate", o.learning_rate, 0, inf, ">= 0");
+    check_number("--adam_weight_decay", o.adam_weight_decay, 0, inf, ">= 0");
+    check_number("--adam_beta1", o.adam_beta1, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
+    check_number("--adam_beta2", o.adam_beta2, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
+    check_number("--adam_epsilon", o.adam_epsilon, std::numeric_limits<double>::min(), inf, "> 0");
+    check_number("--lr_power", o.lr_power, std::numeric_limits<double>::min(), inf, "> 0");
+    if (o.lr_num_cycles < 1) throw Error::InvalidArgument("--lr_num_cycles must be >= 1");
+    check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
+}
+
+void validate(const TrainOptions& o) {
+    validate_optimization(o);
+    memory_budget(o);  // a bad size is refused before any work
+    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
+    if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
+    if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
     std::error_code ec;
     if (fs::exists(o.output_dir, ec) && !fs::is_directory(o.output_dir, ec)) {
         throw Error::InvalidArgument("--output_dir " + o.output_dir +
@@ -88,14 +102,6 @@ void validate(const TrainOptions& o) {
     if (o.rank < 0)
         throw Error::InvalidArgument(fmt::format("--rank must be >= 0, got {}", o.rank));
     const double inf = std::numeric_limits<double>::infinity();
-    check_number("--learning_rate", o.learning_rate, 0, inf, ">= 0");
-    check_number("--adam_weight_decay", o.adam_weight_decay, 0, inf, ">= 0");
-    check_number("--adam_beta1", o.adam_beta1, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
-    check_number("--adam_beta2", o.adam_beta2, 0, std::nextafter(1.0, 0.0), "in [0, 1)");
-    check_number("--adam_epsilon", o.adam_epsilon, std::numeric_limits<double>::min(), inf, "> 0");
-    check_number("--lr_power", o.lr_power, std::numeric_limits<double>::min(), inf, "> 0");
-    if (o.lr_num_cycles < 1) throw Error::InvalidArgument("--lr_num_cycles must be >= 1");
-    check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
     check_number("--flow_shift", o.flow_shift, std::numeric_limits<double>::min(), inf, "> 0");
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
     check_number("--lora_dropout", o.lora_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");

@@ -11,7 +11,10 @@ pipelines::PlanOptions PlanCommand::resolved() const {
     return o;
 }
 
-void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
+namespace {
+
+// The transformer, the shape of a step and what is trained.
+void add_shape_flags(CLI::App* cmd, PlanCommand& c) {
     pipelines::PlanOptions& o = c.options;
     cmd->add_option("--pretrained_model_name_or_path", o.pretrained_model_name_or_path,
                     "diffusers-layout directory (or its transformer/): its config.json");
@@ -45,6 +48,11 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
                     "comma-separated Linear names to adapt")
         ->delimiter(',')
         ->capture_default_str();
+}
+
+// The remedies: the row the table shows.
+void add_remedy_flags(CLI::App* cmd, PlanCommand& c) {
+    pipelines::PlanOptions& o = c.options;
     cmd->add_option("--mixed_precision", o.remedies.mixed_precision, "no, bf16 or fp16")
         ->check(CLI::IsMember({"no", "fp16", "bf16"}))
         ->capture_default_str();
@@ -74,6 +82,10 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
         ->capture_default_str();
     cmd->add_flag("--offload_optimizer", o.remedies.offload_optimizer,
                   "keep AdamW's moments in host memory and update there");
+}
+
+// The budget, the search and the calibration.
+void add_search_flags(CLI::App* cmd, pipelines::PlanOptions& o) {
     cmd->add_option("--memory_budget", o.memory_budget,
                     "search the remedies that fit this much (24GiB, 16GB, 800MiB): the cheapest "
                     "first, and the train command line of the best (default with --device cuda: "
@@ -99,6 +111,14 @@ void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
     cmd->add_option("--top", o.top, "rows of the search shown")
         ->check(integer_in(1, 10'000))
         ->capture_default_str();
+}
+
+}  // namespace
+
+void add_plan_flags(CLI::App* cmd, PlanCommand& c) {
+    add_shape_flags(cmd, c);
+    add_remedy_flags(cmd, c);
+    add_search_flags(cmd, c.options);
 }
 
 }  // namespace sf::tools
