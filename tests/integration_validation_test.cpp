@@ -141,4 +141,55 @@ TEST(TrainValidation, TheOneCommandFormPrepsThePromptsAndSamplesByEpochs) {
     EXPECT_EQ(dirs, expected) << r.output;
 }
 
+// The sampler is upstream's pipeline's: a model root's scheduler/scheduler_config.json when it has
+// one, else DPM-Solver++ as Sana's pipelines; --validation_scheduler picks one instead, and a
+// config it cannot run is refused naming the file before any step.
+TEST(TrainValidation, TheModelRootsSchedulerConfigChoosesTheSampler) {
+    TempDir tmp("sf_validation_scheduler");
+    sf::test::write_dataset(tmp.path() / "data", 0, 4);
+    auto prep = sf::test::options_for(tmp);
+    prep.validation_prompts = {"a red cube"};
+    sf::pipelines::run_prep(prep);
+    TrainOptions base = validating_options(tmp, "base");
+    base.validation_prompts.clear();
+    base.max_train_steps = 1;
+    sf::pipelines::run_train(base);  // a full fine-tune's OUTPUT_DIR is a model root
+    const fs::path root = tmp.file("base");
+    fs::create_directories(root / "scheduler");
+    const auto image_of = [&](const std::string& scheduler, const std::string& out) {
+        TrainOptions o = validating_options(tmp, out);
+        o.pretrained_model_name_or_path = root.string();
+        o.validation_prompts = {"a red cube"};
+        o.num_validation_images = 1;
+        o.max_train_steps = 1;
+        o.learning_rate = 0;
+        o.validation_inference_steps = 4;
+        o.validation_scheduler = scheduler;
+        const auto report = sf::pipelines::run_train(o);
+        return cv::imread(report.validation_dirs.at(0) + "/prompt-0-image-0.png");
+    };
+    sf::test::write_file(root / "scheduler" / "scheduler_config.json",
+                         R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0})");
+    const cv::Mat from_config = image_of("auto", "auto_euler");
+    ASSERT_FALSE(from_config.empty());
+    EXPECT_EQ(difference(from_config, image_of("euler", "euler")), 0) << "the config's Euler";
+    const cv::Mat dpm = image_of("dpm_solver", "dpm");
+    EXPECT_GT(difference(from_config, dpm), 0) << "the flag did not pick DPM-Solver++";
+    // Sana's own config (lambda_min_clipped as Python writes it) is DPM-Solver++ 2M at shift 3.
+    sf::test::write_file(root / "scheduler" / "scheduler_config.json",
+                         R"({"_class_name": "DPMSolverMultistepScheduler", "flow_shift": 3.0,
+                             "prediction_type": "flow_prediction", "use_flow_sigmas": true,
+                             "lambda_min_clipped": -Infinity})");
+    EXPECT_EQ(difference(image_of("auto", "auto_dpm"), dpm), 0) << "the config's DPM-Solver++";
+    fs::remove(root / "scheduler" / "scheduler_config.json");
+    EXPECT_EQ(difference(image_of("auto", "no_config"), dpm), 0) << "not Sana's pipelines' default";
+
+    sf::test::write_file(root / "scheduler" / "scheduler_config.json",
+                         R"({"_class_name": "UniPCMultistepScheduler"})");
+    sf::test::expect_error([&] { image_of("auto", "refused"); }, sf::ErrorCode::kInvalidArgument,
+                           "scheduler_config.json: \"_class_name\" is \"UniPCMultistepScheduler\"");
+    EXPECT_FALSE(fs::exists(tmp.file("refused/metrics.jsonl"))) << "refused after work began";
+    EXPECT_FALSE(image_of("euler", "ignored").empty()) << "an explicit sampler reads no config";
+}
+
 }  // namespace

@@ -113,6 +113,21 @@ TEST(ConfigJson, BadJsonAndNotAnObjectNameTheFile) {
     EXPECT_LT(message.size(), 400u);
 }
 
+// Python's json.dump writes non-finite floats as bare words (diffusers' scheduler configs hold
+// "lambda_min_clipped": -Infinity): they read as null, the same words inside strings as they are.
+TEST(ConfigJson, PythonsNonFiniteFloatsReadAsNull) {
+    const auto j = parse_config_json(
+        R"({"a": -Infinity, "b": [Infinity, NaN, 1.5], "c": "NaN -Infinity \" Infinity"})",
+        "x.json");
+    EXPECT_TRUE(j.at("a").is_null());
+    EXPECT_TRUE(j.at("b").at(0).is_null());
+    EXPECT_TRUE(j.at("b").at(1).is_null());
+    EXPECT_EQ(j.at("b").at(2).get<double>(), 1.5);
+    EXPECT_EQ(j.at("c").get<std::string>(), "NaN -Infinity \" Infinity");
+    EXPECT_TRUE(contains(error_of([] { parse_config_json(R"({"a": -Inf})", "x.json"); }),
+                         "x.json: not valid JSON"));
+}
+
 TEST(ConfigJson, ClassNameIsCheckedWhenPresent) {
     const json other = {{"_class_name", "AutoencoderDC"}};
     const Thrown t = thrown_by(

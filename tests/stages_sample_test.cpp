@@ -1,14 +1,19 @@
-// Validation sampling: the Euler sigmas are diffusers' FlowMatchEulerDiscreteScheduler's, the
-// sampler integrates a flow exactly where Euler is exact, and guidance combines the transformer's
-// two velocities as Sana's pipeline does, batched or not.
+// Validation sampling: the Euler sigmas are diffusers' FlowMatchEulerDiscreteScheduler's and the
+// DPM-Solver++'s schedule and steps its DPMSolverMultistepScheduler's; both integrate a flow
+// exactly where they are exact; guidance combines the transformer's two velocities as Sana's
+// pipeline does, batched or not; a model root's scheduler config is read or refused by key.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "model/sana/sana_transformer.h"
+#include "stages/sample/dpm_solver.h"
 #include "stages/sample/flow_sampler.h"
+#include "stages/sample/scheduler.h"
 
 namespace {
 
@@ -81,6 +86,173 @@ TEST(FlowSampler, GuidanceCombinesTheEmptyAndTheCaptionedVelocity) {
     EXPECT_TRUE(torch::equal(sf::sample::guided_velocity(*model, caption, mask, empty, 1.0)(x, t),
                              v_caption));
     EXPECT_FALSE(torch::allclose(v_caption, v_empty, 1e-3, 1e-3)) << "the caption does nothing";
+}
+
+// What diffusers 0.36's DPMSolverMultistepScheduler(prediction_type="flow_prediction",
+// use_flow_sigmas=True, flow_shift=s).set_timesteps(n) puts in .sigmas and .timesteps (printed by
+// the project's .venv). The timesteps are truncated, not rounded: 1 - 0.667 is 332.99999 x 1000.
+TEST(DpmSolver, SigmasAndTimestepsAreDPMSolverMultistepSchedulers) {
+    struct Case {
+        double shift;
+        int64_t steps;
+        std::vector<double> sigmas;
+        std::vector<int64_t> timesteps;
+    };
+    const Case cases[] = {
+        {3.0,
+         4,
+         {0.9996664524078369, 0.8996397852897644, 0.7496247887611389, 0.4996665418148041, 0.0},
+         {999, 899, 749, 499}},
+        {1.0,
+         3,
+         {0.9990000128746033, 0.6660000085830688, 0.3330000042915344, 0.0},
+         {999, 666, 332}},
+        {2.5, 1, {0.9995997548103333, 0.0}, {999}},
+    };
+    for (const Case& c : cases) {
+        const auto ours = sf::sample::dpm_solver_schedule(c.steps, c.shift);
+        EXPECT_EQ(ours.timesteps, c.timesteps) << "shift " << c.shift;
+        ASSERT_EQ(ours.sigmas.size(), c.sigmas.size()) << c.shift;
+        for (size_t i = 0; i < ours.sigmas.size(); ++i)  // float32 both
+            EXPECT_EQ(ours.sigmas[i], c.sigmas[i]) << "shift " << c.shift << " sigma " << i;
+    }
+    EXPECT_THROW(sf::sample::dpm_solver_schedule(0, 3.0), sf::Error);
+    EXPECT_THROW(sf::sample::dpm_solver_schedule(4, 0.0), sf::Error);
+}
+
+// What diffusers 0.36's DPMSolverMultistepScheduler (flow_prediction, use_flow_sigmas) makes of
+// the flow v(x, t) = sin(3x) t / 1000 + x / 2, stepped as Sana's pipeline steps it (the model
+// given the int64 timestep), from x = (-1.5, -0.5, 0.25, 1, 2): printed by the project's .venv
+// in float32. The variants differ from one another by 3e-3 or more.
+TEST(DpmSolver, StepsAsDPMSolverMultistepSchedulerDoesInEveryOrder) {
+    struct Case {
+        int64_t steps;
+        double shift;
+        int order;
+        bool heun;
+        std::vector<double> upstream;
+    };
+    const Case cases[] = {
+        {6,
+         3.0,
+         1,
+         false,
+         {-1.3510841131210327, -0.02880684658885002, 0.011477649211883545, 0.2549579441547394,
+          1.5077197551727295}},
+        {6,
+         3.0,
+         2,
+         false,
+         {-1.3185176849365234, -0.051777034997940063, 0.02309698984026909, 0.24627001583576202,
+          1.5127363204956055}},
+        {6,
+         3.0,
+         2,
+         true,
+         {-1.3135809898376465, -0.05512990802526474, 0.024759721010923386, 0.24507136642932892,
+          1.5134308338165283}},
+        {3,
+         1.0,
+         1,
+         false,
+         {-1.3892438411712646, -0.00747349439188838, -0.0015545481583103538, 0.30591773986816406,
+          1.4856919050216675}},
+        {3,
+         1.0,
+         2,
+         false,
+         {-1.3779321908950806, -0.026833534240722656, 0.014312220737338066, 0.29929929971694946,
+          1.4968056678771973}},
+        {3,
+         1.0,
+         2,
+         true,
+         {-1.3753787279129028, -0.031191322952508926, 0.017870597541332245, 0.2978276014328003,
+          1.499263048171997}},
+    };
+    const sf::sample::Velocity v = [](const at::Tensor& x, const at::Tensor& t) {
+        return torch::sin(3 * x) * (t.unsqueeze(1) / 1000) + 0.5 * x;
+    };
+    const at::Tensor start = torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0);
+    for (const Case& c : cases) {
+        const at::Tensor x = sf::sample::dpm_solver_sample(
+            v, start, sf::sample::dpm_solver_schedule(c.steps, c.shift), {c.order, c.heun});
+        const at::Tensor upstream = torch::tensor(c.upstream, torch::kFloat).unsqueeze(0);
+        EXPECT_TRUE(torch::allclose(x, upstream, 0, 2e-6))
+            << c.steps << " steps, shift " << c.shift << ", order " << c.order << ", heun "
+            << c.heun << ": " << (x - upstream).abs().max().item<double>();
+    }
+}
+
+// On a straight path the data prediction is the same at every step, so DPM-Solver++ of either
+// order lands on x0 (the D1 term is 0), as Euler does.
+TEST(DpmSolver, FollowsAStraightFlowToItsEnd) {
+    torch::manual_seed(5);
+    const at::Tensor x0 = torch::randn({2, 4, 3, 3});
+    const at::Tensor noise = torch::randn({2, 4, 3, 3});
+    const auto schedule = sf::sample::dpm_solver_schedule(7, 3.0);
+    int64_t calls = 0;
+    size_t step = 0;
+    const sf::sample::Velocity v = [&](const at::Tensor& x, const at::Tensor& t) {
+        ++calls;
+        EXPECT_EQ(t[1].item<double>(), static_cast<double>(schedule.timesteps.at(step)));
+        return (x - x0) / schedule.sigmas.at(step++);
+    };
+    const at::Tensor start = x0 + schedule.sigmas[0] * (noise - x0);
+    const at::Tensor x = sf::sample::dpm_solver_sample(v, start, schedule, {});
+    EXPECT_EQ(calls, 7);
+    EXPECT_TRUE(torch::allclose(x, x0, 1e-4, 1e-5)) << (x - x0).abs().max().item<double>();
+}
+
+// A model root's scheduler config: Sana's own (DPM-Solver++ 2M, flow_shift 3) and an Euler one
+// read as upstream reads them; a setting sanaflow would sample otherwise is refused naming the
+// file and key.
+TEST(SchedulerConfig, ReadsSanasAndEulersAndRefusesWhatItCannotRun) {
+    const auto dir = std::filesystem::temp_directory_path() / "sf_scheduler_config_test";
+    std::filesystem::create_directories(dir);
+    const auto write = [&](const std::string& text) {
+        const auto path = dir / "scheduler_config.json";
+        std::ofstream(path) << text;
+        return path.string();
+    };
+    // Sana_1600M_1024px_diffusers' scheduler_config.json, its sampling keys.
+    const std::string sana =
+        R"({"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "dpmsolver++",
+            "final_sigmas_type": "zero", "flow_shift": 3.0, "lower_order_final": true,
+            "num_train_timesteps": 1000, "prediction_type": "flow_prediction",
+            "solver_order": 2, "solver_type": "midpoint", "thresholding": false,
+            "use_flow_sigmas": true, "use_karras_sigmas": false, "variance_type": null})";
+    auto spec = sf::sample::read_scheduler_config(write(sana));
+    EXPECT_EQ(spec.kind, sf::sample::SamplerSpec::Kind::kDpmSolver);
+    EXPECT_EQ(spec.shift, 3.0);
+    EXPECT_EQ(spec.solver_order, 2);
+    EXPECT_FALSE(spec.heun);
+    EXPECT_EQ(sf::sample::describe(spec), "DPM-Solver++ 2M (shift 3)");
+    spec = sf::sample::read_scheduler_config(
+        write(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 2.5})"));
+    EXPECT_EQ(spec.kind, sf::sample::SamplerSpec::Kind::kEuler);
+    EXPECT_EQ(spec.shift, 2.5);
+    const auto refused = [&](const std::string& text, const std::string& named) {
+        try {
+            sf::sample::read_scheduler_config(write(text));
+            ADD_FAILURE() << "not refused: " << text;
+        } catch (const sf::Error& e) {
+            EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("scheduler_config.json"), std::string::npos);
+        }
+    };
+    refused(R"({"_class_name": "DPMSolverMultistepScheduler"})", "use_flow_sigmas");
+    std::string epsilon = sana;
+    epsilon.replace(epsilon.find("flow_prediction"), 15, "epsilon");
+    refused(epsilon, "prediction_type");
+    std::string third = sana;
+    third.replace(third.find("\"solver_order\": 2"), 17, "\"solver_order\": 3");
+    refused(third, "solver_order");
+    refused(R"({"_class_name": "UniPCMultistepScheduler"})", "UniPCMultistepScheduler");
+    refused(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "use_dynamic_shifting": true})",
+            "use_dynamic_shifting");
+    refused(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": "3"})", "shift");
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

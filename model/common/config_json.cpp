@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include "core/error.h"
@@ -36,10 +37,42 @@ void require_object(const json& j, const std::string& where) {
     if (!j.is_object()) throw Error::InvalidArgument(fmt::format("{}: not a JSON object", where));
 }
 
+// Python's bare Infinity, -Infinity and NaN outside strings, as null; the rest as it is.
+std::string python_nonfinite_as_null(const std::string& text) {
+    static constexpr std::string_view kWords[] = {"-Infinity", "Infinity", "NaN"};
+    std::string out;
+    out.reserve(text.size());
+    bool in_string = false;
+    for (size_t i = 0; i < text.size();) {
+        const char c = text[i];
+        if (in_string) {
+            out += c;
+            if (c == '\\' && i + 1 < text.size())
+                out += text[++i];
+            else if (c == '"')
+                in_string = false;
+            ++i;
+            continue;
+        }
+        if (c == '"') in_string = true;
+        bool replaced = false;
+        for (const std::string_view word : kWords) {
+            if (std::string_view(text).substr(i, word.size()) == word) {
+                out += "null";
+                i += word.size();
+                replaced = true;
+                break;
+            }
+        }
+        if (!replaced) out += text[i++];
+    }
+    return out;
+}
+
 }  // namespace
 
 json parse_config_json(const std::string& text, const std::string& where) {
-    json j = storage::parse_json(text, where);
+    json j = storage::parse_json(python_nonfinite_as_null(text), where);
     require_object(j, where);
     return j;
 }

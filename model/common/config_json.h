@@ -35,8 +35,10 @@ inline bool ratio_width_fits(double ratio, int64_t width) {
     return std::isfinite(ratio) && ratio > 0.0 && w >= 1.0 && w <= kMaxConfigInteger;
 }
 
-// Parses config text that must be a JSON object. kInvalidArgument naming `where`: "not valid
-// JSON", "not a JSON object", or a nesting deeper than kMaxConfigJsonDepth.
+// Parses config text that must be a JSON object. Python's json.dump writes a non-finite float as
+// the bare word Infinity, -Infinity or NaN (diffusers' scheduler configs hold
+// "lambda_min_clipped": -Infinity): outside strings those read as null. kInvalidArgument naming
+// `where`: "not valid JSON", "not a JSON object", or a nesting deeper than kMaxConfigJsonDepth.
 nlohmann::json parse_config_json(const std::string& text, const std::string& where);
 
 struct ConfigFile {

@@ -51,6 +51,7 @@ void check_class_image_options(const TrainOptions& o, const ClassImageOptions& c
     if (c.sample_batch_size < 1)
         throw Error::InvalidArgument(
             fmt::format("--sample_batch_size must be >= 1, got {}", c.sample_batch_size));
+    training::validation_sampler(o);  // a scheduler config it cannot run, before any work
     static const char* const precisions[] = {"", "no", "fp32", "fp16", "bf16"};
     if (std::find(std::begin(precisions), std::end(precisions), c.precision) ==
         std::end(precisions))
@@ -147,8 +148,7 @@ std::map<int64_t, at::Tensor> sample_class_latents(
     const bool autocast = precision == "fp16" || precision == "bf16";
     model::AutocastGuard guard(device.type(), autocast ? resolve_dtype(precision) : at::kBFloat16,
                                autocast);
-    const std::vector<double> sigmas =
-        sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);
+    const sample::SamplerSpec sampler = training::validation_sampler(o);
     const at::Tensor empty = set.empty_prompt().to(device, at::kFloat);
     const at::Tensor caption = prompt.to(device, at::kFloat).unsqueeze(0);
     const int64_t down = set.latent_downsample();
@@ -168,7 +168,8 @@ std::map<int64_t, at::Tensor> sample_class_latents(
             const sample::Velocity v =
                 sample::guided_velocity(*transformer, caption.expand({n, -1, -1}), mask, empty,
                                         o.validation_guidance_scale);
-            const at::Tensor x = sample::euler_sample(v, at::cat(noise).to(device), sigmas);
+            const at::Tensor x = sample::sample_flow(v, at::cat(noise).to(device),
+                                                     o.validation_inference_steps, sampler);
             for (size_t k = first; k < last; ++k)
                 latents[indices[k]] =
                     x.narrow(0, static_cast<int64_t>(k - first), 1).to(at::kCPU, at::kFloat);

@@ -11,8 +11,10 @@
 // buckets' sizes; with no class image yet, fewer images than buckets is refused before any is made.
 // Noise is seeded by --seed and i alone: a run killed midway leaves whole files only (each written
 // atomically), and the rerun makes the same images for the indices still missing.
-// Sampling is validation's: Euler steps (--validation_inference_steps, 20 as Sana's pipeline) with
-// guidance --validation_guidance_scale (4.5) against the empty prompt.
+// Sampling is validation's: --validation_scheduler's sampler (validation.h: DPM-Solver++ 2M as
+// Sana's pipeline unless the model root's scheduler config says otherwise),
+// --validation_inference_steps (20) of it, with guidance --validation_guidance_scale (4.5)
+// against the empty prompt.
 #pragma once
 
 #include <cstdint>

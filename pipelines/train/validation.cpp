@@ -92,6 +92,28 @@ stages::ModelSource cache_vae(const TrainOptions& o, bool video) {
     return {"", video ? "wan-vae-tiny" : "dc-ae-tiny", o.seed};
 }
 
+sample::SamplerSpec validation_sampler(const TrainOptions& o) {
+    sample::SamplerSpec spec;
+    const fs::path config =
+        fs::path(o.pretrained_model_name_or_path) / "scheduler" / "scheduler_config.json";
+    if (o.validation_scheduler == "auto" && !o.pretrained_model_name_or_path.empty() &&
+        fs::is_regular_file(config)) {
+        spec = sample::read_scheduler_config(config.string());
+    } else {
+        spec.kind = o.validation_scheduler == "euler" ? sample::SamplerSpec::Kind::kEuler
+                                                      : sample::SamplerSpec::Kind::kDpmSolver;
+        spec.shift = o.flow_shift;
+    }
+    try {
+        sample::check_sampler(spec, o.validation_inference_steps);
+    } catch (const Error& e) {
+        throw Error::InvalidArgument(
+            fmt::format("--validation_inference_steps {} with --validation_scheduler {}: {}",
+                        o.validation_inference_steps, o.validation_scheduler, e.what()));
+    }
+    return spec;
+}
+
 void check_cache_vae(storage::Cache cache, const stages::ModelSource& vae, bool video,
                      const std::string& flag) {
     const auto stored =
@@ -123,7 +145,7 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
     if (o.validation_epochs < 1) throw Error::InvalidArgument("--validation_epochs must be >= 1");
     if (o.validation_steps < 0)
         throw Error::InvalidArgument("--validation_steps must be >= 0 (0: by --validation_epochs)");
-    sample::euler_sigmas(o.validation_inference_steps, o.flow_shift);  // validates both
+    sampler_ = validation_sampler(o);
     if (!std::isfinite(o.validation_guidance_scale) || o.validation_guidance_scale < 0)
         throw Error::InvalidArgument(
             fmt::format("--validation_guidance_scale must be a finite number >= 0, got {:g}",
@@ -152,10 +174,10 @@ Validator::Validator(const TrainOptions& o, const train::TrainingSet& set, stora
     const train::TrainingBatch one = set.load({set.buckets().at(bucket).front()}, 0, gen);
     noise_sizes_ = one.latents.sizes().vec();  // one sample: [1, C, (f,) h, w]
     log_info(
-        "train: validation: {} {}(s) of {} prompt(s) at {}{}x{}, {} Euler steps, guidance {:g}",
+        "train: validation: {} {}(s) of {} prompt(s) at {}{}x{}, {} steps of {}, guidance {:g}",
         o.num_validation_images, video_ ? "video" : "image", prompts_.size(),
         video_ ? fmt::format("{} frames of ", bucket.frames) : "", bucket.height, bucket.width,
-        o.validation_inference_steps, o.validation_guidance_scale);
+        o.validation_inference_steps, sample::describe(sampler_), o.validation_guidance_scale);
 }
 
 bool Validator::due(int64_t step) const {
@@ -186,8 +208,6 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
         model::AutocastGuard guard(
             device_.type(), autocast ? resolve_dtype(options.mixed_precision) : at::kBFloat16,
             autocast);
-        const std::vector<double> sigmas =
-            sample::euler_sigmas(o_.validation_inference_steps, o_.flow_shift);
         at::Generator gen = at::detail::createCPUGenerator(o_.seed);
         const at::Tensor empty = empty_.defined() ? empty_.to(device_) : at::Tensor();
         for (const at::Tensor& f : features_) {
@@ -199,7 +219,9 @@ ValidationResult Validator::run(model::DiffusionTransformer& model,
             for (int64_t i = 0; i < o_.num_validation_images; ++i) {
                 const at::Tensor noise =
                     at::randn(noise_sizes_, gen, at::TensorOptions(at::kFloat));
-                latents.push_back(sample::euler_sample(v, noise.to(device_), sigmas).to(at::kCPU));
+                latents.push_back(sample::sample_flow(v, noise.to(device_),
+                                                      o_.validation_inference_steps, sampler_)
+                                      .to(at::kCPU));
             }
         }
         model.set_gradient_checkpointing(options.gradient_checkpointing);

@@ -22,6 +22,7 @@
 
 #include "pipelines/train/train.h"
 #include "stages/encode/model_source.h"
+#include "stages/sample/scheduler.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_step.h"
 
@@ -37,6 +38,14 @@ stages::ModelSource cache_vae(const TrainOptions& o, bool video);
 // kInvalidArgument, naming `flag`, unless `vae`'s weights are those that encoded `cache`'s latents.
 void check_cache_vae(storage::Cache cache, const stages::ModelSource& vae, bool video,
                      const std::string& flag);
+
+// The sampler of validation and class images, by --validation_scheduler: "auto" reads the
+// pretrained root's scheduler/scheduler_config.json when it has one (its shift, not --flow_shift,
+// as upstream's pipeline loads it), else DPM-Solver++ 2M at --flow_shift, as Sana's and
+// SANA-Video's pipelines are set up; "dpm_solver" or "euler" is that sampler at --flow_shift.
+// kInvalidArgument naming the file and key of a config it cannot run, or naming the flag of a bad
+// step count or shift.
+sample::SamplerSpec validation_sampler(const TrainOptions& o);
 
 struct ValidationResult {
     std::string dir;
@@ -69,6 +78,7 @@ private:
     int64_t steps_per_epoch_ = 1;
     bool video_ = false;  // the cache holds the Wan VAE's [C, f, h, w] latents
     stages::ModelSource vae_;
+    sample::SamplerSpec sampler_;
     c10::Device device_;
 };
 

@@ -5,6 +5,8 @@
 - A LoRA file from `sanaflow train --rank` loads with the transformer's load_lora_adapter (peft),
   and the adapted forward equals sanaflow's adapted model's.
 - The Wan VAE's tiled decode equals diffusers' AutoencoderKLWan.enable_tiling() decode.
+- Validation's sampler equals diffusers' SanaPipeline (output_type="latent") run with the same
+  transformer, prompt features, noise and scheduler: Sana's DPM-Solver++ 2M, and the Euler one.
 - The cache reads with lmdb, zstandard, safetensors and xxhash exactly as docs/cache-format.md
   says: the document's own Python code is run here.
 
@@ -119,6 +121,55 @@ class Ecosystem(unittest.TestCase):
             whole = vae.decode(latent, return_dict=False)[0]
         self.assertGreater((theirs - whole).abs().max().item(), 1e-2)  # the tiling mattered
         torch.testing.assert_close(ours, theirs, rtol=0, atol=5e-5)
+
+    def test_validation_samples_as_sanas_pipeline_does(self):
+        from diffusers import (DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
+                               SanaPipeline)
+        model = SanaTransformer2DModel.from_pretrained(str(self.base)).eval()
+        config = model.config
+        g = torch.Generator().manual_seed(2)
+        length, empty_length, dim = 7, 4, config["caption_channels"]
+        caption = torch.randn(length, dim, generator=g)
+        empty = torch.randn(empty_length, dim, generator=g)
+        noise = torch.randn(1, config["in_channels"], 8, 8, generator=g)
+        inputs = Path(self.tmp.name) / "sample_inputs.safetensors"
+        safetensors.torch.save_file({"latents": noise, "caption": caption, "empty": empty},
+                                    str(inputs))
+        # Sana_1600M_1024px_diffusers' scheduler, and an Euler one.
+        schedulers = {
+            "dpm": DPMSolverMultistepScheduler(
+                algorithm_type="dpmsolver++", prediction_type="flow_prediction",
+                use_flow_sigmas=True, flow_shift=3.0, solver_order=2, final_sigmas_type="zero"),
+            "euler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+        }
+        # The empty prompt padded to the caption's length, masked, as sanaflow batches the two.
+        negative = torch.zeros(1, length, dim)
+        negative[0, :empty_length] = empty
+        negative_mask = torch.zeros(1, length, dtype=torch.int64)
+        negative_mask[0, :empty_length] = 1
+        results = {}
+        for name, scheduler in schedulers.items():
+            scheduler_dir = Path(self.tmp.name) / f"scheduler_{name}"
+            scheduler.save_config(str(scheduler_dir))
+            out = Path(self.tmp.name) / f"sample_{name}.safetensors"
+            run(FORWARD, "--sample", self.base, inputs, out, 6, 4.5,
+                scheduler_dir / "scheduler_config.json")
+            ours = safetensors.torch.load_file(str(out))["sample"]
+            pipe = SanaPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=model,
+                                scheduler=scheduler)
+            pipe.set_progress_bar_config(disable=True)
+            with torch.no_grad():
+                theirs = pipe(prompt_embeds=caption.unsqueeze(0),
+                              prompt_attention_mask=torch.ones(1, length, dtype=torch.int64),
+                              negative_prompt=None, negative_prompt_embeds=negative,
+                              negative_prompt_attention_mask=negative_mask,
+                              latents=noise.clone(), num_inference_steps=6, guidance_scale=4.5,
+                              height=256, width=256, output_type="latent",
+                              use_resolution_binning=False, return_dict=False)[0]
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=name)
+            results[name] = theirs
+        # The two samplers end apart, so the scheduler config mattered.
+        self.assertGreater((results["dpm"] - results["euler"]).abs().max().item(), 1e-2)
 
     def test_tensorboard_reads_every_step_of_the_metrics(self):
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -257,9 +257,14 @@ void add_validation_flags(CLI::App* cmd, TrainOptions& o) {
                     "validate every N steps instead (0: by --validation_epochs)")
         ->check(integer_in(0, kMaxSteps))
         ->capture_default_str();
-    cmd->add_option("--validation_inference_steps", o.validation_inference_steps,
-                    "Euler sampling steps")
+    cmd->add_option("--validation_inference_steps", o.validation_inference_steps, "sampling steps")
         ->check(integer_in(1, 10'000))
+        ->capture_default_str();
+    cmd->add_option("--validation_scheduler", o.validation_scheduler,
+                    "the sampler of validation and class images: auto (the pretrained root's "
+                    "scheduler/scheduler_config.json, else DPM-Solver++ 2M as Sana's pipelines), "
+                    "dpm_solver or euler (at --flow_shift)")
+        ->check(CLI::IsMember({"auto", "dpm_solver", "euler"}))
         ->capture_default_str();
     cmd->add_option("--validation_guidance_scale", o.validation_guidance_scale,
                     "classifier-free guidance against the empty prompt (<= 1: none)")

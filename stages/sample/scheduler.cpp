@@ -1,0 +1,137 @@
+#include "stages/sample/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/common/config_json.h"
+#include "stages/sample/dpm_solver.h"
+
+namespace sf::sample {
+namespace {
+
+// `key` must read as `want`; absent, it is diffusers' default `absent`.
+void require_string(const model::ConfigReader& r, const char* key, const std::string& want,
+                    const std::string& absent) {
+    std::string value = absent;
+    r.string(key, value);
+    if (value != want)
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"{}\" is \"{}\"; sanaflow samples only with \"{}\" here", r.where(), key,
+            value, want));
+}
+
+void require_bool(const model::ConfigReader& r, const char* key, bool want, bool absent = false) {
+    bool value = absent;
+    r.boolean(key, value);
+    if (value != want)
+        throw Error::InvalidArgument(fmt::format("{}: \"{}\" is {}; sanaflow samples only with {}",
+                                                 r.where(), key, value, want));
+}
+
+void require_null(const model::ConfigReader& r, const char* key) {
+    if (r.has_value(key))
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"{}\" is set; sanaflow samples only without it", r.where(), key));
+}
+
+SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
+    SamplerSpec spec;
+    spec.kind = SamplerSpec::Kind::kDpmSolver;
+    spec.shift = 1.0;  // diffusers' default flow_shift
+    require_bool(r, "use_flow_sigmas", true);
+    require_string(r, "prediction_type", "flow_prediction", "epsilon");
+    require_string(r, "algorithm_type", "dpmsolver++", "dpmsolver++");
+    require_string(r, "final_sigmas_type", "zero", "zero");
+    for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
+                            "use_beta_sigmas", "use_lu_lambdas", "use_dynamic_shifting"})
+        require_bool(r, key, false);
+    require_null(r, "variance_type");
+    int64_t order = 2;
+    r.integer("solver_order", order);
+    if (order != 1 && order != 2)
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"solver_order\" is {}; sanaflow's DPM-Solver++ runs orders 1 and 2", r.where(),
+            order));
+    spec.solver_order = static_cast<int>(order);
+    std::string solver_type = "midpoint";
+    r.string("solver_type", solver_type);
+    if (solver_type != "midpoint" && solver_type != "heun")
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"solver_type\" is \"{}\"; it must be \"midpoint\" or \"heun\"", r.where(),
+            solver_type));
+    spec.heun = solver_type == "heun";
+    r.number("flow_shift", spec.shift);
+    r.integer("num_train_timesteps", spec.num_train_timesteps);
+    return spec;
+}
+
+SamplerSpec read_euler(const model::ConfigReader& r) {
+    SamplerSpec spec;
+    spec.kind = SamplerSpec::Kind::kEuler;
+    spec.shift = 1.0;  // diffusers' default shift
+    for (const char* key : {"use_dynamic_shifting", "use_karras_sigmas", "use_exponential_sigmas",
+                            "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"})
+        require_bool(r, key, false);
+    require_null(r, "shift_terminal");
+    r.number("shift", spec.shift);
+    r.integer("num_train_timesteps", spec.num_train_timesteps);
+    return spec;
+}
+
+}  // namespace
+
+std::string describe(const SamplerSpec& spec) {
+    if (spec.kind == SamplerSpec::Kind::kEuler)
+        return fmt::format("Euler (shift {:g})", spec.shift);
+    return fmt::format("DPM-Solver++ {}{} (shift {:g})", spec.solver_order == 2 ? "2M" : "1",
+                       spec.heun && spec.solver_order == 2 ? " heun" : "", spec.shift);
+}
+
+SamplerSpec read_scheduler_config(const std::string& path) {
+    const model::ConfigFile file = model::read_config_file(path, "scheduler config");
+    const model::ConfigReader r(file.json, file.path);
+    std::string name;
+    r.string("_class_name", name);
+    SamplerSpec spec;
+    if (name == "DPMSolverMultistepScheduler") {
+        spec = read_dpm_solver(r);
+    } else if (name == "FlowMatchEulerDiscreteScheduler") {
+        spec = read_euler(r);
+    } else {
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"_class_name\" is \"{}\"; sanaflow samples with DPMSolverMultistepScheduler or "
+            "FlowMatchEulerDiscreteScheduler (--validation_scheduler dpm_solver or euler picks one "
+            "without this file)",
+            file.path, name));
+    }
+    if (!std::isfinite(spec.shift) || spec.shift <= 0)
+        throw Error::InvalidArgument(
+            fmt::format("{}: the shift must be a finite number > 0, got {:g}", file.path,
+                        spec.shift));
+    if (spec.num_train_timesteps < 1)
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"num_train_timesteps\" must be >= 1", file.path));
+    return spec;
+}
+
+void check_sampler(const SamplerSpec& spec, int64_t steps) {
+    if (spec.kind == SamplerSpec::Kind::kEuler)
+        euler_sigmas(steps, spec.shift, spec.num_train_timesteps);
+    else
+        dpm_solver_schedule(steps, spec.shift, spec.num_train_timesteps);
+}
+
+at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
+                       const SamplerSpec& spec) {
+    if (spec.kind == SamplerSpec::Kind::kEuler)
+        return euler_sample(velocity, noise,
+                            euler_sigmas(steps, spec.shift, spec.num_train_timesteps),
+                            spec.num_train_timesteps);
+    return dpm_solver_sample(velocity, noise,
+                             dpm_solver_schedule(steps, spec.shift, spec.num_train_timesteps),
+                             {spec.solver_order, spec.heun});
+}
+
+}  // namespace sf::sample
