@@ -85,7 +85,8 @@ plan::PlanShape resolve_shape(const PlanOptions& o) {
     }
     s.latent_width = w / down;
     s.latent_height = h / down;
-    s.batch = o.train_batch_size * o.remedies.accumulation;  // the effective batch, kept
+    s.samples_per_item = o.with_prior_preservation ? 2 : 1;
+    s.batch = s.samples_per_item * o.train_batch_size * o.remedies.accumulation;  // kept
     s.caption_tokens = o.max_sequence_length;
     s.lora_rank = o.rank;
     s.lora_targets = o.lora_target_modules;
@@ -96,6 +97,7 @@ plan::PlanShape resolve_shape(const PlanOptions& o) {
 std::string search_table(const PlanOptions& o, const plan::PlanShape& shape,
                          const plan::SearchResult& found) {
     std::string out;
+    const int64_t items = shape.batch / shape.samples_per_item;  // --train_batch_size counts these
     out += fmt::format("  {:>12} {:>12} {:>9}  {}\n", "peak", "host", "time",
                        "flags (micro-batch x accumulation: the same effective batch)");
     for (size_t i = 0; i < found.fitting.size() && static_cast<int64_t>(i) < o.top; ++i) {
@@ -103,7 +105,7 @@ std::string search_table(const PlanOptions& o, const plan::PlanShape& shape,
         out += fmt::format("  {:>12} {:>12} {:>8.2f}x  --train_batch_size {} {}\n",
                            format_bytes(c.footprint.peak),
                            c.footprint.host > 0 ? format_bytes(c.footprint.host) : "-", c.cost,
-                           shape.batch / c.remedies.accumulation, c.remedies.flags());
+                           items / c.remedies.accumulation, c.remedies.flags());
     }
     out +=
         "time: the step time over no remedies', measured on the calibration's steps; host: what "
@@ -120,10 +122,12 @@ std::string search_table(const PlanOptions& o, const plan::PlanShape& shape,
         shape.video ? ""
                     : fmt::format(" --resolution {}",
                                   std::max(shape.latent_width, shape.latent_height) * 32);
-    out += fmt::format("best: sanaflow train {}{} --train_batch_size {} {} {}\n", model_flag,
-                       resolution, shape.batch / best.accumulation,
+    out += fmt::format("best: sanaflow train {}{} --train_batch_size {} {} {}{}\n", model_flag,
+                       resolution, items / best.accumulation,
                        o.rank > 0 ? fmt::format("--rank {}", o.rank) : "--full_finetune",
-                       best.flags());
+                       best.flags(), o.with_prior_preservation ? " --with_prior_preservation" : "");
+    if (o.with_prior_preservation)
+        out += "  (with the run's --class_data_dir and --class_prompt)\n";
     return out;
 }
 
@@ -135,6 +139,10 @@ PlanReport run_plan(const PlanOptions& o) {
         throw Error::InvalidArgument("--gradient_accumulation_steps must be >= 1");
     const plan::PlanShape shape = resolve_shape(o);
     const plan::Structure st = plan::structure_of(shape);
+    if (o.with_prior_preservation && st.video)
+        throw Error::InvalidArgument(
+            "--with_prior_preservation: train pairs class images with image caches only, not "
+            "with the video transformer's");
     if (o.remedies.blocks_to_swap > st.layers) {
         throw Error::InvalidArgument(
             fmt::format("--blocks_to_swap {}: the transformer has {} blocks",
@@ -159,10 +167,12 @@ PlanReport run_plan(const PlanOptions& o) {
             : fmt::format("{}x{}", shape.latent_height, shape.latent_width);
     out += fmt::format(
         "plan: {}{} blocks of width {}, {} parameters ({} trainable: {}), latents {} ({} tokens), "
-        "batch {} in micro-batches of {}, captions of {} tokens, calibrated on {}\n",
+        "batch {} in micro-batches of {}{}, captions of {} tokens, calibrated on {}\n",
         st.video ? "video transformer, " : "", st.layers, st.inner, census.total, census.trainable,
         lora ? fmt::format("LoRA rank {}", o.rank) : "full fine-tune", latents, st.tokens(),
-        shape.batch, shape.batch / o.remedies.accumulation, shape.caption_tokens, device.str());
+        shape.batch, shape.batch / o.remedies.accumulation,
+        o.with_prior_preservation ? " (instance and class samples in pairs)" : "",
+        shape.caption_tokens, device.str());
     const plan::Footprint given =
         plan::predict_footprint(shape, o.remedies, census, store.phases(shape, o.remedies));
     const std::string given_flags = o.remedies.flags();

@@ -21,6 +21,9 @@ struct PlanOptions {
     int64_t frames = 81;        // frames of a video window (1 + 4k): the video transformer only
     std::string bucket;         // "WIDTHxHEIGHT" pixels, instead of the square
     int64_t train_batch_size = 1;
+    // DreamBooth's prior preservation: each batch is its instance samples and as many class
+    // samples, so a micro-batch holds 2 x train_batch_size samples and the search splits pairs.
+    bool with_prior_preservation = false;
     int64_t max_sequence_length = 300;
     int64_t rank = 4;  // LoRA rank; 0: full fine-tune
     std::vector<std::string> lora_target_modules = {"to_q", "to_k", "to_v"};

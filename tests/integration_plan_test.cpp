@@ -2,6 +2,8 @@
 // search under --memory_budget with the command line of the best, exit 1 when nothing fits.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "integration_util.h"
@@ -100,6 +102,57 @@ TEST(Cli, PlanPredictsTheVideoTransformerAndRefusesFramesTheVaeCannotEncode) {
     const auto bad = sf::test::run_command(plan + " --frames 80");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.output.find("--frames 80"), std::string::npos) << bad.output;
+}
+
+// Prior preservation doubles each micro-batch with class samples: the plan predicts what the
+// plain run of twice the batch takes, row for row, and splits only whole pairs, so its command
+// line's --train_batch_size counts instance samples as train's does.
+TEST(Cli, PlanWithPriorPreservationCountsEachBatchTwiceAndSplitsWholePairs) {
+    TempDir tmp("sf_plan_prior");
+    const std::string plan = kSanaflow +
+                             " plan --model sana-600m --resolution 512 --calibration_points 8 "
+                             "--search accumulation --memory_budget 1TiB --calibration " +
+                             tmp.file("calibration.json");
+    const auto prior =
+        sf::test::run_command(plan + " --train_batch_size 4 --with_prior_preservation");
+    const auto plain = sf::test::run_command(plan + " --train_batch_size 8");
+    ASSERT_EQ(prior.exit_code, 0) << prior.output;
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    // The table's rows: "--train_batch_size N ..." -> the peak column.
+    const auto rows = [](const std::string& output) {
+        std::map<int64_t, std::string> peaks;  // micro-batch -> peak
+        std::istringstream lines(output);
+        for (std::string line; std::getline(lines, line);) {
+            const size_t flag = line.find("--train_batch_size ");
+            if (flag == std::string::npos || line.find("best:") != std::string::npos) continue;
+            std::istringstream row(line);
+            std::string number, unit;
+            row >> number >> unit;
+            peaks[std::stoll(line.substr(flag + 19))] = number + unit;
+        }
+        return peaks;
+    };
+    const auto pairs = rows(prior.output), samples = rows(plain.output);
+    EXPECT_EQ(pairs.size(), 3u) << "micro-batches of 4, 2 and 1 pairs: " << prior.output;
+    EXPECT_EQ(samples.size(), 4u) << plain.output;
+    for (const auto& [micro, peak] : pairs) {
+        ASSERT_TRUE(samples.count(2 * micro)) << micro;
+        EXPECT_EQ(peak, samples.at(2 * micro)) << micro << " pairs are " << 2 * micro << " samples";
+    }
+    const auto predicted = [](const std::string& output) {
+        const size_t at = output.find("predicted peak");
+        return output.substr(at, output.find('\n', at) - at);
+    };
+    EXPECT_EQ(predicted(prior.output), predicted(plain.output));
+    EXPECT_NE(prior.output.find("--with_prior_preservation\n"), std::string::npos) << prior.output;
+    EXPECT_NE(prior.output.find("(instance and class samples in pairs)"), std::string::npos);
+
+    const auto video = sf::test::run_command(kSanaflow +
+                                             " plan --model sana-video-2b-480p "
+                                             "--with_prior_preservation --calibration " +
+                                             tmp.file("calibration.json"));
+    EXPECT_NE(video.exit_code, 0);
+    EXPECT_NE(video.output.find("--with_prior_preservation"), std::string::npos) << video.output;
 }
 
 }  // namespace

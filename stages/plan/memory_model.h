@@ -75,6 +75,9 @@ struct PlanShape {
     // The latent grid: pixels / 32 for DC-AE, / 8 for the Wan VAE.
     int64_t latent_height = 32, latent_width = 32;
     int64_t batch = 1;  // samples per optimizer step
+    // Samples each drawn item brings: 2 under prior preservation (an instance and a class
+    // sample), so a micro-batch holds a multiple of it.
+    int64_t samples_per_item = 1;
     int64_t caption_tokens = 300;
     int64_t lora_rank = 0;  // 0: full fine-tune
     std::vector<std::string> lora_targets = {"to_q", "to_k", "to_v"};

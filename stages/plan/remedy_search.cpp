@@ -30,8 +30,9 @@ std::vector<PlanRemedies> combinations(const PlanShape& s, const PlanRemedies& g
     std::vector<int64_t> accumulations = {given.accumulation};
     if (varies("accumulation")) {
         accumulations.clear();
-        for (int64_t a = 1; a <= s.batch; a *= 2)
-            if (s.batch % a == 0) accumulations.push_back(a);
+        const int64_t items = s.batch / std::max<int64_t>(1, s.samples_per_item);
+        for (int64_t a = 1; a <= items; a *= 2)
+            if (items % a == 0) accumulations.push_back(a);
     }
     std::vector<std::string> attentions = {given.attention};
     if (varies("attention")) attentions = {"dense", "chunked"};

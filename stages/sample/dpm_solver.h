@@ -24,8 +24,8 @@
 namespace sf::sample {
 
 struct DpmSolverSchedule {
-    std::vector<double> sigmas;       // steps + 1, descending to the trailing 0
-    std::vector<int64_t> timesteps;   // steps: what the model is given
+    std::vector<double> sigmas;      // steps + 1, descending to the trailing 0
+    std::vector<int64_t> timesteps;  // steps: what the model is given
 };
 
 // kInvalidArgument for steps outside [1, 10000] or a shift that is not a finite positive number.
@@ -33,8 +33,8 @@ DpmSolverSchedule dpm_solver_schedule(int64_t steps, double shift,
                                       int64_t num_train_timesteps = 1000);
 
 struct DpmSolverOptions {
-    int order = 2;       // solver_order: 1 or 2
-    bool heun = false;   // solver_type "heun" rather than "midpoint" (order 2 only)
+    int order = 2;      // solver_order: 1 or 2
+    bool heun = false;  // solver_type "heun" rather than "midpoint" (order 2 only)
 };
 
 // Integrates `velocity` from `noise` (at sigmas.front()) down the schedule; returns the last x

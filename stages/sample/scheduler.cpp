@@ -17,9 +17,9 @@ void require_string(const model::ConfigReader& r, const char* key, const std::st
     std::string value = absent;
     r.string(key, value);
     if (value != want)
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"{}\" is \"{}\"; sanaflow samples only with \"{}\" here", r.where(), key,
-            value, want));
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"{}\" is \"{}\"; sanaflow samples only with \"{}\" here", r.where(),
+                        key, value, want));
 }
 
 void require_bool(const model::ConfigReader& r, const char* key, bool want, bool absent = false) {
@@ -32,8 +32,8 @@ void require_bool(const model::ConfigReader& r, const char* key, bool want, bool
 
 void require_null(const model::ConfigReader& r, const char* key) {
     if (r.has_value(key))
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"{}\" is set; sanaflow samples only without it", r.where(), key));
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"{}\" is set; sanaflow samples only without it", r.where(), key));
 }
 
 SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
@@ -51,16 +51,16 @@ SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
     int64_t order = 2;
     r.integer("solver_order", order);
     if (order != 1 && order != 2)
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"solver_order\" is {}; sanaflow's DPM-Solver++ runs orders 1 and 2", r.where(),
-            order));
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"solver_order\" is {}; sanaflow's DPM-Solver++ runs orders 1 and 2",
+                        r.where(), order));
     spec.solver_order = static_cast<int>(order);
     std::string solver_type = "midpoint";
     r.string("solver_type", solver_type);
     if (solver_type != "midpoint" && solver_type != "heun")
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"solver_type\" is \"{}\"; it must be \"midpoint\" or \"heun\"", r.where(),
-            solver_type));
+        throw Error::InvalidArgument(
+            fmt::format("{}: \"solver_type\" is \"{}\"; it must be \"midpoint\" or \"heun\"",
+                        r.where(), solver_type));
     spec.heun = solver_type == "heun";
     r.number("flow_shift", spec.shift);
     r.integer("num_train_timesteps", spec.num_train_timesteps);
@@ -107,9 +107,8 @@ SamplerSpec read_scheduler_config(const std::string& path) {
             file.path, name));
     }
     if (!std::isfinite(spec.shift) || spec.shift <= 0)
-        throw Error::InvalidArgument(
-            fmt::format("{}: the shift must be a finite number > 0, got {:g}", file.path,
-                        spec.shift));
+        throw Error::InvalidArgument(fmt::format(
+            "{}: the shift must be a finite number > 0, got {:g}", file.path, spec.shift));
     if (spec.num_train_timesteps < 1)
         throw Error::InvalidArgument(
             fmt::format("{}: \"num_train_timesteps\" must be >= 1", file.path));

@@ -17,10 +17,10 @@ namespace sf::sample {
 struct SamplerSpec {
     enum class Kind { kDpmSolver, kEuler };
     Kind kind = Kind::kDpmSolver;
-    double shift = 3.0;                 // flow_shift (DPM-Solver) or shift (Euler)
+    double shift = 3.0;  // flow_shift (DPM-Solver) or shift (Euler)
     int64_t num_train_timesteps = 1000;
-    int solver_order = 2;               // DPM-Solver++: 1 or 2
-    bool heun = false;                  // DPM-Solver++'s solver_type "heun" ("midpoint" else)
+    int solver_order = 2;  // DPM-Solver++: 1 or 2
+    bool heun = false;     // DPM-Solver++'s solver_type "heun" ("midpoint" else)
 };
 
 // "DPM-Solver++ 2M (shift 3)" or "Euler (shift 3)", for the log.

@@ -33,6 +33,9 @@ void add_shape_flags(CLI::App* cmd, PlanCommand& c) {
     cmd->add_option("--train_batch_size", o.train_batch_size, "samples per micro-batch")
         ->check(integer_in(1, 1 << 20))
         ->capture_default_str();
+    cmd->add_flag("--with_prior_preservation", o.with_prior_preservation,
+                  "each instance sample trains beside a class sample, as train's "
+                  "--with_prior_preservation: twice the samples per micro-batch");
     cmd->add_option("--gradient_accumulation_steps", o.remedies.accumulation,
                     "micro-batches per step; the search keeps their product, the effective batch")
         ->check(integer_in(1, 1 << 20))
