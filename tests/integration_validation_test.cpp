@@ -185,9 +185,10 @@ TEST(TrainValidation, TheModelRootsSchedulerConfigChoosesTheSampler) {
     EXPECT_EQ(difference(image_of("auto", "no_config"), dpm), 0) << "not Sana's pipelines' default";
 
     sf::test::write_file(root / "scheduler" / "scheduler_config.json",
-                         R"({"_class_name": "UniPCMultistepScheduler"})");
-    sf::test::expect_error([&] { image_of("auto", "refused"); }, sf::ErrorCode::kInvalidArgument,
-                           "scheduler_config.json: \"_class_name\" is \"UniPCMultistepScheduler\"");
+                         R"({"_class_name": "EulerAncestralDiscreteScheduler"})");
+    sf::test::expect_error(
+        [&] { image_of("auto", "refused"); }, sf::ErrorCode::kInvalidArgument,
+        "scheduler_config.json: \"_class_name\" is \"EulerAncestralDiscreteScheduler\"");
     EXPECT_FALSE(fs::exists(tmp.file("refused/metrics.jsonl"))) << "refused after work began";
     EXPECT_FALSE(image_of("euler", "ignored").empty()) << "an explicit sampler reads no config";
 }

@@ -1,7 +1,8 @@
-// Validation sampling: the Euler sigmas are diffusers' FlowMatchEulerDiscreteScheduler's and the
-// DPM-Solver++'s schedule and steps its DPMSolverMultistepScheduler's; both integrate a flow
-// exactly where they are exact; guidance combines the transformer's two velocities as Sana's
-// pipeline does, batched or not; a model root's scheduler config is read or refused by key.
+// Validation sampling: the Euler sigmas are diffusers' FlowMatchEulerDiscreteScheduler's, the
+// DPM-Solver++'s schedule and steps its DPMSolverMultistepScheduler's, UniPC's steps its
+// UniPCMultistepScheduler's; each integrates a flow exactly where it is exact; guidance combines
+// the transformer's two velocities as Sana's pipeline does, batched or not; a model root's
+// scheduler config is read or refused by key.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include "stages/sample/dpm_solver.h"
 #include "stages/sample/flow_sampler.h"
 #include "stages/sample/scheduler.h"
+#include "stages/sample/unipc.h"
 
 namespace {
 
@@ -110,14 +112,14 @@ TEST(DpmSolver, SigmasAndTimestepsAreDPMSolverMultistepSchedulers) {
         {2.5, 1, {0.9995997548103333, 0.0}, {999}},
     };
     for (const Case& c : cases) {
-        const auto ours = sf::sample::dpm_solver_schedule(c.steps, c.shift);
+        const auto ours = sf::sample::flow_schedule(c.steps, c.shift);
         EXPECT_EQ(ours.timesteps, c.timesteps) << "shift " << c.shift;
         ASSERT_EQ(ours.sigmas.size(), c.sigmas.size()) << c.shift;
         for (size_t i = 0; i < ours.sigmas.size(); ++i)  // float32 both
             EXPECT_EQ(ours.sigmas[i], c.sigmas[i]) << "shift " << c.shift << " sigma " << i;
     }
-    EXPECT_THROW(sf::sample::dpm_solver_schedule(0, 3.0), sf::Error);
-    EXPECT_THROW(sf::sample::dpm_solver_schedule(4, 0.0), sf::Error);
+    EXPECT_THROW(sf::sample::flow_schedule(0, 3.0), sf::Error);
+    EXPECT_THROW(sf::sample::flow_schedule(4, 0.0), sf::Error);
 }
 
 // What diffusers 0.36's DPMSolverMultistepScheduler (flow_prediction, use_flow_sigmas) makes of
@@ -176,7 +178,7 @@ TEST(DpmSolver, StepsAsDPMSolverMultistepSchedulerDoesInEveryOrder) {
     const at::Tensor start = torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0);
     for (const Case& c : cases) {
         const at::Tensor x = sf::sample::dpm_solver_sample(
-            v, start, sf::sample::dpm_solver_schedule(c.steps, c.shift), {c.order, c.heun});
+            v, start, sf::sample::flow_schedule(c.steps, c.shift), {c.order, c.heun});
         const at::Tensor upstream = torch::tensor(c.upstream, torch::kFloat).unsqueeze(0);
         EXPECT_TRUE(torch::allclose(x, upstream, 0, 2e-6))
             << c.steps << " steps, shift " << c.shift << ", order " << c.order << ", heun "
@@ -184,24 +186,95 @@ TEST(DpmSolver, StepsAsDPMSolverMultistepSchedulerDoesInEveryOrder) {
     }
 }
 
-// On a straight path the data prediction is the same at every step, so DPM-Solver++ of either
-// order lands on x0 (the D1 term is 0), as Euler does.
-TEST(DpmSolver, FollowsAStraightFlowToItsEnd) {
+// What diffusers 0.36's UniPCMultistepScheduler (flow_prediction, use_flow_sigmas; predict_x0,
+// bh2, lower_order_final) makes of the same flow from the same start, stepped as Sana's pipeline
+// steps it: orders 1 to 3, and the corrector disabled after steps 0 and 2. Orders 2 and 3 are
+// equal in 3 steps (the order falls to the steps left); elsewhere the variants differ by 1e-3 or
+// more.
+TEST(UniPc, StepsAsUniPCMultistepSchedulerDoesInEveryOrder) {
+    struct Case {
+        int64_t steps;
+        double shift;
+        int order;
+        std::vector<int64_t> disable_corrector;
+        std::vector<double> upstream;
+    };
+    const Case cases[] = {
+        {6,
+         3.0,
+         1,
+         {},
+         {-1.3387075662612915, -0.036728061735630035, 0.01588970609009266, 0.24736759066581726,
+          1.510750412940979}},
+        {6,
+         3.0,
+         2,
+         {},
+         {-1.3112140893936157, -0.054347582161426544, 0.024462822824716568, 0.24314381182193756,
+          1.513405203819275}},
+        {6,
+         3.0,
+         3,
+         {},
+         {-1.30897855758667, -0.05419893562793732, 0.024547699838876724, 0.24175488948822021,
+          1.5135502815246582}},
+        {3,
+         1.0,
+         1,
+         {},
+         {-1.3722560405731201, -0.03652026876807213, 0.022214092314243317, 0.29603874683380127,
+          1.5022433996200562}},
+        {3,
+         1.0,
+         3,
+         {},
+         {-1.3606990575790405, -0.05629182979464531, 0.03824236989021301, 0.2895203232765198,
+          1.5130406618118286}},
+        {6,
+         3.0,
+         2,
+         {0, 2},
+         {-1.3148953914642334, -0.05300553888082504, 0.02374735102057457, 0.2463194876909256,
+          1.512673258781433}},
+    };
+    const sf::sample::Velocity v = [](const at::Tensor& x, const at::Tensor& t) {
+        return torch::sin(3 * x) * (t.unsqueeze(1) / 1000) + 0.5 * x;
+    };
+    const at::Tensor start = torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0);
+    for (const Case& c : cases) {
+        const at::Tensor x = sf::sample::unipc_sample(
+            v, start, sf::sample::flow_schedule(c.steps, c.shift), {c.order, c.disable_corrector});
+        const at::Tensor upstream = torch::tensor(c.upstream, torch::kFloat).unsqueeze(0);
+        EXPECT_TRUE(torch::allclose(x, upstream, 0, 2e-6))
+            << c.steps << " steps, shift " << c.shift << ", order " << c.order << ", "
+            << c.disable_corrector.size()
+            << " corrections disabled: " << (x - upstream).abs().max().item<double>();
+    }
+}
+
+// On a straight path the data prediction is the same at every step, so DPM-Solver++ and UniPC of
+// every order land on x0 (each difference term is 0), as Euler does.
+TEST(DpmSolver, FollowsAStraightFlowToItsEndAsUniPcDoes) {
     torch::manual_seed(5);
     const at::Tensor x0 = torch::randn({2, 4, 3, 3});
     const at::Tensor noise = torch::randn({2, 4, 3, 3});
-    const auto schedule = sf::sample::dpm_solver_schedule(7, 3.0);
-    int64_t calls = 0;
-    size_t step = 0;
-    const sf::sample::Velocity v = [&](const at::Tensor& x, const at::Tensor& t) {
-        ++calls;
-        EXPECT_EQ(t[1].item<double>(), static_cast<double>(schedule.timesteps.at(step)));
-        return (x - x0) / schedule.sigmas.at(step++);
-    };
+    const auto schedule = sf::sample::flow_schedule(7, 3.0);
     const at::Tensor start = x0 + schedule.sigmas[0] * (noise - x0);
-    const at::Tensor x = sf::sample::dpm_solver_sample(v, start, schedule, {});
-    EXPECT_EQ(calls, 7);
-    EXPECT_TRUE(torch::allclose(x, x0, 1e-4, 1e-5)) << (x - x0).abs().max().item<double>();
+    for (int solver = 0; solver < 4; ++solver) {
+        int64_t calls = 0;
+        size_t step = 0;
+        const sf::sample::Velocity v = [&](const at::Tensor& x, const at::Tensor& t) {
+            ++calls;
+            EXPECT_EQ(t[1].item<double>(), static_cast<double>(schedule.timesteps.at(step)));
+            return (x - x0) / schedule.sigmas.at(step++);
+        };
+        const at::Tensor x = solver == 0
+                                 ? sf::sample::dpm_solver_sample(v, start, schedule, {})
+                                 : sf::sample::unipc_sample(v, start, schedule, {solver, {}});
+        EXPECT_EQ(calls, 7) << solver;
+        EXPECT_TRUE(torch::allclose(x, x0, 1e-4, 1e-5))
+            << "solver " << solver << ": " << (x - x0).abs().max().item<double>();
+    }
 }
 
 // A model root's scheduler config: Sana's own (DPM-Solver++ 2M, flow_shift 3) and an Euler one
@@ -248,7 +321,23 @@ TEST(SchedulerConfig, ReadsSanasAndEulersAndRefusesWhatItCannotRun) {
     std::string third = sana;
     third.replace(third.find("\"solver_order\": 2"), 17, "\"solver_order\": 3");
     refused(third, "solver_order");
-    refused(R"({"_class_name": "UniPCMultistepScheduler"})", "UniPCMultistepScheduler");
+    refused(R"({"_class_name": "EulerAncestralDiscreteScheduler"})",
+            "EulerAncestralDiscreteScheduler");
+    // Wan's own scheduler (Wan2.1-T2V-1.3B-Diffusers' keys that matter), and its refusals.
+    const std::string wan =
+        R"({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "predict_x0": true,
+            "prediction_type": "flow_prediction", "solver_order": 2, "solver_type": "bh2",
+            "use_flow_sigmas": true, "final_sigmas_type": "zero", "lower_order_final": true,
+            "disable_corrector": [], "solver_p": null})";
+    spec = sf::sample::read_scheduler_config(write(wan));
+    EXPECT_EQ(spec.kind, sf::sample::SamplerSpec::Kind::kUniPc);
+    EXPECT_EQ(sf::sample::describe(spec), "UniPC order 2 (shift 3)");
+    std::string bh1 = wan;
+    bh1.replace(bh1.find("bh2"), 3, "bh1");
+    refused(bh1, "solver_type");
+    std::string last = wan;
+    last.replace(last.find("\"lower_order_final\": true"), 25, "\"lower_order_final\": false");
+    refused(last, "lower_order_final");
     refused(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "use_dynamic_shifting": true})",
             "use_dynamic_shifting");
     refused(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": "3"})", "shift");

@@ -104,9 +104,9 @@ void validate(const TrainOptions& o) {
     const double inf = std::numeric_limits<double>::infinity();
     check_number("--flow_shift", o.flow_shift, std::numeric_limits<double>::min(), inf, "> 0");
     if (o.validation_scheduler != "auto" && o.validation_scheduler != "dpm_solver" &&
-        o.validation_scheduler != "euler")
+        o.validation_scheduler != "unipc" && o.validation_scheduler != "euler")
         throw Error::InvalidArgument(
-            fmt::format("--validation_scheduler must be auto, dpm_solver or euler, got '{}'",
+            fmt::format("--validation_scheduler must be auto, dpm_solver, unipc or euler, got '{}'",
                         o.validation_scheduler));
     check_number("--lora_alpha", o.lora_alpha, 0, inf, ">= 0 (0 means the rank)");
     check_number("--lora_dropout", o.lora_dropout, 0, std::nextafter(1.0, 0.0), "in [0, 1)");

@@ -134,7 +134,7 @@ struct TrainOptions {
     int64_t validation_steps = 0;
     int64_t validation_inference_steps = 20;  // sampling steps (Sana's pipelines take 20)
     // auto: the pretrained root's scheduler/scheduler_config.json, else Sana's pipelines'
-    // DPM-Solver++ 2M at --flow_shift; dpm_solver or euler: that one at --flow_shift.
+    // DPM-Solver++ 2M at --flow_shift; dpm_solver, unipc or euler: that one at --flow_shift.
     std::string validation_scheduler = "auto";
     double validation_guidance_scale = 4.5;  // Sana's pipelines' default
     bool validation_vae_tiling = false;      // --enable_vae_tiling

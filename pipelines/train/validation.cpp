@@ -100,8 +100,9 @@ sample::SamplerSpec validation_sampler(const TrainOptions& o) {
         fs::is_regular_file(config)) {
         spec = sample::read_scheduler_config(config.string());
     } else {
-        spec.kind = o.validation_scheduler == "euler" ? sample::SamplerSpec::Kind::kEuler
-                                                      : sample::SamplerSpec::Kind::kDpmSolver;
+        spec.kind = o.validation_scheduler == "euler"   ? sample::SamplerSpec::Kind::kEuler
+                    : o.validation_scheduler == "unipc" ? sample::SamplerSpec::Kind::kUniPc
+                                                        : sample::SamplerSpec::Kind::kDpmSolver;
         spec.shift = o.flow_shift;
     }
     try {

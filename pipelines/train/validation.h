@@ -42,7 +42,8 @@ void check_cache_vae(storage::Cache cache, const stages::ModelSource& vae, bool 
 // The sampler of validation and class images, by --validation_scheduler: "auto" reads the
 // pretrained root's scheduler/scheduler_config.json when it has one (its shift, not --flow_shift,
 // as upstream's pipeline loads it), else DPM-Solver++ 2M at --flow_shift, as Sana's and
-// SANA-Video's pipelines are set up; "dpm_solver" or "euler" is that sampler at --flow_shift.
+// SANA-Video's pipelines are set up; "dpm_solver", "unipc" (order 2) or "euler" is that sampler
+// at --flow_shift.
 // kInvalidArgument naming the file and key of a config it cannot run, or naming the flag of a bad
 // step count or shift.
 sample::SamplerSpec validation_sampler(const TrainOptions& o);

@@ -55,6 +55,13 @@ at::Tensor euler_sample(const Velocity& velocity, const at::Tensor& noise,
     return x;
 }
 
+at::Tensor data_prediction(const Velocity& velocity, const at::Tensor& x,
+                           const FlowSchedule& schedule, size_t i) {
+    const at::Tensor t =
+        torch::full({x.size(0)}, static_cast<double>(schedule.timesteps.at(i)), x.options());
+    return x - schedule.sigmas.at(i) * velocity(x, t).to(at::kFloat);
+}
+
 Velocity guided_velocity(model::DiffusionTransformer& model, const at::Tensor& caption,
                          const at::Tensor& mask, const at::Tensor& empty, double guidance_scale) {
     if (guidance_scale <= 1) {

@@ -18,6 +18,8 @@
 #include <functional>
 #include <vector>
 
+#include "stages/sample/flow_schedule.h"
+
 namespace sf::model {
 class DiffusionTransformer;
 }
@@ -30,6 +32,11 @@ std::vector<double> euler_sigmas(int64_t steps, double shift, int64_t num_train_
 
 // The velocity at latents `x` [B, ...] and timesteps [B] (sigma * num_train_timesteps).
 using Velocity = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& timestep)>;
+
+// The multistep solvers' data prediction at step i of `schedule`: x - sigma_i v(x, timestep_i),
+// the model given the step's int64 timestep as upstream's pipelines give it (float32).
+at::Tensor data_prediction(const Velocity& velocity, const at::Tensor& x,
+                           const FlowSchedule& schedule, size_t i);
 
 // Integrates `velocity` from `noise` (at sigmas.front()) down the sigmas; returns the last x.
 at::Tensor euler_sample(const Velocity& velocity, const at::Tensor& noise,

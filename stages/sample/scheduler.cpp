@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/common/config_json.h"
 #include "stages/sample/dpm_solver.h"
+#include "stages/sample/unipc.h"
 
 namespace sf::sample {
 namespace {
@@ -67,6 +68,34 @@ SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
     return spec;
 }
 
+SamplerSpec read_unipc(const model::ConfigReader& r) {
+    SamplerSpec spec;
+    spec.kind = SamplerSpec::Kind::kUniPc;
+    spec.shift = 1.0;  // diffusers' default flow_shift
+    require_bool(r, "use_flow_sigmas", true);
+    require_string(r, "prediction_type", "flow_prediction", "epsilon");
+    require_bool(r, "predict_x0", true, true);
+    // "bh1" (B(h) = hh) multiplies -infinity by 0 at the last step to sigma 0: NaN upstream.
+    require_string(r, "solver_type", "bh2", "bh2");
+    require_string(r, "final_sigmas_type", "zero", "zero");
+    // Without it the last step divides by a ratio of 0 upstream (an order above 1 to sigma 0).
+    require_bool(r, "lower_order_final", true, true);
+    for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
+                            "use_beta_sigmas", "use_dynamic_shifting"})
+        require_bool(r, key, false);
+    require_null(r, "solver_p");
+    int64_t order = 2;
+    r.integer("solver_order", order);
+    if (order < 1 || order > 3)
+        throw Error::InvalidArgument(fmt::format(
+            "{}: \"solver_order\" is {}; sanaflow's UniPC runs orders 1 to 3", r.where(), order));
+    spec.solver_order = static_cast<int>(order);
+    r.integer_list("disable_corrector", spec.disable_corrector);
+    r.number("flow_shift", spec.shift);
+    r.integer("num_train_timesteps", spec.num_train_timesteps);
+    return spec;
+}
+
 SamplerSpec read_euler(const model::ConfigReader& r) {
     SamplerSpec spec;
     spec.kind = SamplerSpec::Kind::kEuler;
@@ -85,6 +114,8 @@ SamplerSpec read_euler(const model::ConfigReader& r) {
 std::string describe(const SamplerSpec& spec) {
     if (spec.kind == SamplerSpec::Kind::kEuler)
         return fmt::format("Euler (shift {:g})", spec.shift);
+    if (spec.kind == SamplerSpec::Kind::kUniPc)
+        return fmt::format("UniPC order {} (shift {:g})", spec.solver_order, spec.shift);
     return fmt::format("DPM-Solver++ {}{} (shift {:g})", spec.solver_order == 2 ? "2M" : "1",
                        spec.heun && spec.solver_order == 2 ? " heun" : "", spec.shift);
 }
@@ -97,13 +128,15 @@ SamplerSpec read_scheduler_config(const std::string& path) {
     SamplerSpec spec;
     if (name == "DPMSolverMultistepScheduler") {
         spec = read_dpm_solver(r);
+    } else if (name == "UniPCMultistepScheduler") {
+        spec = read_unipc(r);
     } else if (name == "FlowMatchEulerDiscreteScheduler") {
         spec = read_euler(r);
     } else {
         throw Error::InvalidArgument(fmt::format(
-            "{}: \"_class_name\" is \"{}\"; sanaflow samples with DPMSolverMultistepScheduler or "
-            "FlowMatchEulerDiscreteScheduler (--validation_scheduler dpm_solver or euler picks one "
-            "without this file)",
+            "{}: \"_class_name\" is \"{}\"; sanaflow samples with DPMSolverMultistepScheduler, "
+            "UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler (--validation_scheduler "
+            "dpm_solver, unipc or euler picks one without this file)",
             file.path, name));
     }
     if (!std::isfinite(spec.shift) || spec.shift <= 0)
@@ -119,7 +152,7 @@ void check_sampler(const SamplerSpec& spec, int64_t steps) {
     if (spec.kind == SamplerSpec::Kind::kEuler)
         euler_sigmas(steps, spec.shift, spec.num_train_timesteps);
     else
-        dpm_solver_schedule(steps, spec.shift, spec.num_train_timesteps);
+        flow_schedule(steps, spec.shift, spec.num_train_timesteps);
 }
 
 at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
@@ -128,9 +161,10 @@ at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_
         return euler_sample(velocity, noise,
                             euler_sigmas(steps, spec.shift, spec.num_train_timesteps),
                             spec.num_train_timesteps);
-    return dpm_solver_sample(velocity, noise,
-                             dpm_solver_schedule(steps, spec.shift, spec.num_train_timesteps),
-                             {spec.solver_order, spec.heun});
+    const FlowSchedule schedule = flow_schedule(steps, spec.shift, spec.num_train_timesteps);
+    if (spec.kind == SamplerSpec::Kind::kUniPc)
+        return unipc_sample(velocity, noise, schedule, {spec.solver_order, spec.disable_corrector});
+    return dpm_solver_sample(velocity, noise, schedule, {spec.solver_order, spec.heun});
 }
 
 }  // namespace sf::sample

@@ -6,7 +6,7 @@
   and the adapted forward equals sanaflow's adapted model's.
 - The Wan VAE's tiled decode equals diffusers' AutoencoderKLWan.enable_tiling() decode.
 - Validation's sampler equals diffusers' SanaPipeline (output_type="latent") run with the same
-  transformer, prompt features, noise and scheduler: Sana's DPM-Solver++ 2M, and the Euler one.
+  transformer, prompt features, noise and scheduler: Sana's DPM-Solver++ 2M, UniPC and Euler.
 - The cache reads with lmdb, zstandard, safetensors and xxhash exactly as docs/cache-format.md
   says: the document's own Python code is run here.
 
@@ -124,7 +124,7 @@ class Ecosystem(unittest.TestCase):
 
     def test_validation_samples_as_sanas_pipeline_does(self):
         from diffusers import (DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
-                               SanaPipeline)
+                               SanaPipeline, UniPCMultistepScheduler)
         model = SanaTransformer2DModel.from_pretrained(str(self.base)).eval()
         config = model.config
         g = torch.Generator().manual_seed(2)
@@ -141,6 +141,9 @@ class Ecosystem(unittest.TestCase):
                 algorithm_type="dpmsolver++", prediction_type="flow_prediction",
                 use_flow_sigmas=True, flow_shift=3.0, solver_order=2, final_sigmas_type="zero"),
             "euler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+            # What diffusers' SANA-Video converter writes with --scheduler_type uni-pc.
+            "unipc": UniPCMultistepScheduler(prediction_type="flow_prediction",
+                                             use_flow_sigmas=True, flow_shift=3.0),
         }
         # The empty prompt padded to the caption's length, masked, as sanaflow batches the two.
         negative = torch.zeros(1, length, dim)
@@ -168,8 +171,9 @@ class Ecosystem(unittest.TestCase):
                               use_resolution_binning=False, return_dict=False)[0]
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=name)
             results[name] = theirs
-        # The two samplers end apart, so the scheduler config mattered.
+        # The samplers end apart, so the scheduler config mattered.
         self.assertGreater((results["dpm"] - results["euler"]).abs().max().item(), 1e-2)
+        self.assertGreater((results["dpm"] - results["unipc"]).abs().max().item(), 1e-2)
 
     def test_tensorboard_reads_every_step_of_the_metrics(self):
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -263,8 +263,8 @@ void add_validation_flags(CLI::App* cmd, TrainOptions& o) {
     cmd->add_option("--validation_scheduler", o.validation_scheduler,
                     "the sampler of validation and class images: auto (the pretrained root's "
                     "scheduler/scheduler_config.json, else DPM-Solver++ 2M as Sana's pipelines), "
-                    "dpm_solver or euler (at --flow_shift)")
-        ->check(CLI::IsMember({"auto", "dpm_solver", "euler"}))
+                    "dpm_solver, unipc or euler (at --flow_shift)")
+        ->check(CLI::IsMember({"auto", "dpm_solver", "unipc", "euler"}))
         ->capture_default_str();
     cmd->add_option("--validation_guidance_scale", o.validation_guidance_scale,
                     "classifier-free guidance against the empty prompt (<= 1: none)")
