@@ -26,7 +26,7 @@
 #include "model/common/weights.h"
 #include "model/sana/sana_transformer.h"
 #include "model/wan/autoencoder_kl_wan.h"
-#include "stages/sample/scheduler.h"
+#include "stages/sample/flow_sampler.h"
 #include "storage/safetensors_file.h"
 #include "storage/tensor_convert.h"
 

@@ -14,7 +14,7 @@
 #include "model/sana/sana_transformer.h"
 #include "stages/sample/dpm_solver.h"
 #include "stages/sample/flow_sampler.h"
-#include "stages/sample/scheduler.h"
+#include "stages/sample/scheduler_config.h"
 #include "stages/sample/unipc.h"
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include "pipelines/train/train.h"
 #include "stages/encode/model_source.h"
-#include "stages/sample/scheduler.h"
+#include "stages/sample/scheduler_config.h"
 #include "stages/train/train_data.h"
 #include "stages/train/train_step.h"
 

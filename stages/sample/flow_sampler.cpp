@@ -9,37 +9,10 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "model/common/diffusion_transformer.h"
+#include "stages/sample/dpm_solver.h"
+#include "stages/sample/unipc.h"
 
 namespace sf::sample {
-namespace {
-
-double shifted(double s, double shift) { return shift * s / (1 + (shift - 1) * s); }
-
-}  // namespace
-
-std::vector<double> euler_sigmas(int64_t steps, double shift, int64_t num_train_timesteps) {
-    if (steps < 1 || steps > 10'000)
-        throw Error::InvalidArgument(
-            fmt::format("sampling steps must be in [1, 10000], got {}", steps));
-    if (!std::isfinite(shift) || shift <= 0)
-        throw Error::InvalidArgument(fmt::format("the flow shift must be > 0, got {:g}", shift));
-    if (num_train_timesteps < 1) throw Error::InvalidArgument("num_train_timesteps must be >= 1");
-    // The scheduler's own range: sigma_max = shifted(1) = 1, sigma_min = shifted(1 / N).
-    const double n = static_cast<double>(num_train_timesteps);
-    const double sigma_max = shifted(1.0, shift);
-    const double sigma_min = shifted(1.0 / n, shift);
-    std::vector<double> sigmas;
-    for (int64_t i = 0; i < steps; ++i) {
-        // np.linspace(t_max, t_min, steps) / N, in timesteps as upstream spaces them.
-        const double t_max = sigma_max * n, t_min = sigma_min * n;
-        const double t = steps == 1 ? t_max
-                                    : t_max + (t_min - t_max) * static_cast<double>(i) /
-                                                  static_cast<double>(steps - 1);
-        sigmas.push_back(shifted(t / n, shift));
-    }
-    sigmas.push_back(0.0);
-    return sigmas;
-}
 
 at::Tensor euler_sample(const Velocity& velocity, const at::Tensor& noise,
                         const std::vector<double>& sigmas, int64_t num_train_timesteps) {
@@ -85,6 +58,18 @@ Velocity guided_velocity(model::DiffusionTransformer& model, const at::Tensor& c
         const auto halves = v.chunk(2);
         return halves[0] + guidance_scale * (halves[1] - halves[0]);
     };
+}
+
+at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
+                       const SamplerSpec& spec) {
+    if (spec.kind == SamplerSpec::Kind::kEuler)
+        return euler_sample(velocity, noise,
+                            euler_sigmas(steps, spec.shift, spec.num_train_timesteps),
+                            spec.num_train_timesteps);
+    const FlowSchedule schedule = flow_schedule(steps, spec.shift, spec.num_train_timesteps);
+    if (spec.kind == SamplerSpec::Kind::kUniPc)
+        return unipc_sample(velocity, noise, schedule, {spec.solver_order, spec.disable_corrector});
+    return dpm_solver_sample(velocity, noise, schedule, {spec.solver_order, spec.heun});
 }
 
 }  // namespace sf::sample

@@ -1,15 +1,12 @@
-// Sampling images from a flow-matching transformer, for validation during training.
+// Sampling images from a flow-matching transformer, for validation and class images: the sampler a
+// SamplerSpec names (scheduler_config.h), from pure noise down its schedule (flow_schedule.h).
 //
-//   sigmas    FlowMatchEulerDiscreteScheduler's (diffusers, shift = --flow_shift): N values
-//             linspace(1, sigma_min, N) with sigma_min the scheduler's own shifted 1/1000, each
-//             shifted again, s -> shift s / (1 + (shift - 1) s) (upstream's set_timesteps shifts
-//             twice), then a trailing 0; the model sees timestep = sigma * 1000
-//   Euler     x <- x + (sigma_next - sigma) v(x, sigma * 1000), from pure noise at sigma = 1
-//   guidance  v = v_empty + g (v_caption - v_empty), both in one batch as Sana's pipeline runs
-//             them (the empty prompt first); g <= 1 runs the caption alone
-//
-// Sana's pipelines default to a flow DPM-Solver; this sampler is the Euler one (what diffusers'
-// SD3/Flux pipelines and FlowMatchEulerDiscreteScheduler do), exact to that scheduler.
+//   DPM-Solver++, UniPC   dpm_solver.h, unipc.h: Sana's pipelines' default, and Wan's
+//   Euler                 x <- x + (sigma_next - sigma) v(x, sigma * 1000): what diffusers'
+//                         FlowMatchEulerDiscreteScheduler does, exact to it
+//   guidance              v = v_empty + g (v_caption - v_empty), both in one batch as Sana's
+//                         pipeline runs them (the empty prompt first); g <= 1 runs the caption
+//                         alone
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,16 +16,13 @@
 #include <vector>
 
 #include "stages/sample/flow_schedule.h"
+#include "stages/sample/scheduler_config.h"
 
 namespace sf::model {
 class DiffusionTransformer;
 }
 
 namespace sf::sample {
-
-// steps + 1 sigmas, descending from 1 to the trailing 0. kInvalidArgument for steps < 1 or a
-// shift that is not a finite positive number.
-std::vector<double> euler_sigmas(int64_t steps, double shift, int64_t num_train_timesteps = 1000);
 
 // The velocity at latents `x` [B, ...] and timesteps [B] (sigma * num_train_timesteps).
 using Velocity = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& timestep)>;
@@ -47,5 +41,10 @@ at::Tensor euler_sample(const Velocity& velocity, const at::Tensor& noise,
 // caller sets eval mode and autocast.
 Velocity guided_velocity(model::DiffusionTransformer& model, const at::Tensor& caption,
                          const at::Tensor& mask, const at::Tensor& empty, double guidance_scale);
+
+// `steps` steps of `spec`'s sampler (dpm_solver.h, unipc.h or Euler) from `noise`; the last x
+// (float32).
+at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
+                       const SamplerSpec& spec);
 
 }  // namespace sf::sample

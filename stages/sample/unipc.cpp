@@ -73,8 +73,8 @@ std::vector<std::vector<double>> powers(const std::vector<double>& rks, size_t n
 
 // sum_k rho_k (x0_k - x0) / r_k over the earlier points: `history` holds the data predictions,
 // newest last, x0 = history[newest - skip].
-at::Tensor weighted_differences(const std::deque<at::Tensor>& history, size_t skip,
-                                const Update& u, const std::vector<double>& rho) {
+at::Tensor weighted_differences(const std::deque<at::Tensor>& history, size_t skip, const Update& u,
+                                const std::vector<double>& rho) {
     const at::Tensor& m0 = history[history.size() - 1 - skip];
     at::Tensor sum;
     for (size_t k = 0; k < u.rks.size(); ++k) {
@@ -103,16 +103,15 @@ at::Tensor unipc_sample(const Velocity& velocity, const at::Tensor& noise,
     };
     torch::NoGradGuard no_grad;
     at::Tensor x = noise.to(at::kFloat);
-    at::Tensor last_sample;       // the last predictor's starting point
+    at::Tensor last_sample;          // the last predictor's starting point
     std::deque<at::Tensor> history;  // data predictions, newest last, at most `order`
     int last_order = 0, warm = 0;
     for (size_t i = 0; i < steps; ++i) {
         const at::Tensor x0 = data_prediction(velocity, x, schedule, i);
         if (i > 0 && last_sample.defined() && corrects_after(i - 1)) {
             // The last step again from last_sample, x0 joining its points.
-            const Update u =
-                update_of(sigmas[i - 1], sigmas[i], earlier_sigmas(i - 2, last_order - 1),
-                          last_order);
+            const Update u = update_of(sigmas[i - 1], sigmas[i],
+                                       earlier_sigmas(i - 2, last_order - 1), last_order);
             std::vector<double> rho;
             if (last_order == 1) {
                 rho = {0.5};
@@ -129,10 +128,10 @@ at::Tensor unipc_sample(const Velocity& velocity, const at::Tensor& noise,
         history.push_back(x0);
         if (history.size() > static_cast<size_t>(options.order)) history.pop_front();
         // lower_order_final: no higher than the steps left; warm-up: no higher than the points.
-        const int order =
-            std::min({options.order, static_cast<int>(steps - i), warm + 1});
+        const int order = std::min({options.order, static_cast<int>(steps - i), warm + 1});
         last_sample = x;
-        const Update u = update_of(sigmas[i], sigmas[i + 1], earlier_sigmas(i - 1, order - 1), order);
+        const Update u =
+            update_of(sigmas[i], sigmas[i + 1], earlier_sigmas(i - 1, order - 1), order);
         at::Tensor next = u.ratio * x - u.alpha_t * u.h_phi_1 * x0;
         if (order >= 2) {
             const std::vector<double> rho =

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     }
     seed("index", "0", R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s.safetensors"}})");
     // The first byte picks the reader (fuzz_config.cpp): 0 Sana, 1 DC-AE, 2 SANA-Video, 3 Wan VAE,
-    // 4 Gemma-2.
+    // 4 Gemma-2, 5 a scheduler.
     const std::tuple<char, const char*, const char*> configs[] = {
         {'\0', "golden", "transformer"},   {'\0', "golden", "transformer_pe"},
         {'\1', "golden", "vae"},           {'\2', "golden-video", "transformer_video"},
@@ -84,6 +84,17 @@ int main(int argc, char** argv) {
         const fs::path config = source / "tests/data" / dir / model / "config.json";
         seed("config", model, std::string(1, selector) + storage::read_file(config.string()));
     }
+    // Sana's scheduler as diffusers writes it (-Infinity included), and Wan's.
+    seed("config", "scheduler_dpm",
+         "\5"
+         R"({"_class_name": "DPMSolverMultistepScheduler", "flow_shift": 3.0,
+             "prediction_type": "flow_prediction", "use_flow_sigmas": true, "solver_order": 2,
+             "lambda_min_clipped": -Infinity, "variance_type": null})");
+    seed("config", "scheduler_unipc",
+         "\5"
+         R"({"_class_name": "UniPCMultistepScheduler", "flow_shift": 5.0,
+             "prediction_type": "flow_prediction", "use_flow_sigmas": true,
+             "disable_corrector": [0, 2], "solver_p": null})");
     train::StateFields state;
     state.step = 2;
     state.sampler_batch = 2;

@@ -3,16 +3,14 @@
 // UniPCMultistepScheduler on flow sigmas (stages/sample/unipc.h) or
 // FlowMatchEulerDiscreteScheduler (stages/sample/flow_sampler.h). A diffusers model root's
 // scheduler/scheduler_config.json names one of the three; a setting that none runs as upstream
-// would is refused, naming the file and key, rather than sampled otherwise.
+// would is refused, naming the file and key, rather than sampled otherwise. Torch-free (fuzzed by
+// tools/fuzz/fuzz_config.cpp); flow_sampler.h samples with a spec.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include "stages/sample/flow_sampler.h"
 
 namespace sf::sample {
 
@@ -36,12 +34,10 @@ std::string describe(const SamplerSpec& spec);
 // Absent keys take diffusers' defaults. kInvalidArgument naming the file and the key (or class) it
 // cannot run; kNotFound for a missing file.
 SamplerSpec read_scheduler_config(const std::string& path);
+// The same from a parsed config object; `where` names it in messages.
+SamplerSpec scheduler_from_config(const nlohmann::json& config, const std::string& where);
 
 // kInvalidArgument unless `steps` and the spec's shift can be sampled.
 void check_sampler(const SamplerSpec& spec, int64_t steps);
-
-// `steps` steps of `spec` from `noise`; the last x (float32).
-at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
-                       const SamplerSpec& spec);
 
 }  // namespace sf::sample

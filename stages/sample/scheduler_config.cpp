@@ -1,4 +1,4 @@
-#include "stages/sample/scheduler.h"
+#include "stages/sample/scheduler_config.h"
 
 #include <fmt/format.h>
 
@@ -6,8 +6,7 @@
 
 #include "core/error.h"
 #include "model/common/config_json.h"
-#include "stages/sample/dpm_solver.h"
-#include "stages/sample/unipc.h"
+#include "stages/sample/flow_schedule.h"
 
 namespace sf::sample {
 namespace {
@@ -122,7 +121,11 @@ std::string describe(const SamplerSpec& spec) {
 
 SamplerSpec read_scheduler_config(const std::string& path) {
     const model::ConfigFile file = model::read_config_file(path, "scheduler config");
-    const model::ConfigReader r(file.json, file.path);
+    return scheduler_from_config(file.json, file.path);
+}
+
+SamplerSpec scheduler_from_config(const nlohmann::json& config, const std::string& where) {
+    const model::ConfigReader r(config, where);
     std::string name;
     r.string("_class_name", name);
     SamplerSpec spec;
@@ -137,14 +140,14 @@ SamplerSpec read_scheduler_config(const std::string& path) {
             "{}: \"_class_name\" is \"{}\"; sanaflow samples with DPMSolverMultistepScheduler, "
             "UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler (--validation_scheduler "
             "dpm_solver, unipc or euler picks one without this file)",
-            file.path, name));
+            where, name));
     }
     if (!std::isfinite(spec.shift) || spec.shift <= 0)
-        throw Error::InvalidArgument(fmt::format(
-            "{}: the shift must be a finite number > 0, got {:g}", file.path, spec.shift));
+        throw Error::InvalidArgument(
+            fmt::format("{}: the shift must be a finite number > 0, got {:g}", where, spec.shift));
     if (spec.num_train_timesteps < 1)
         throw Error::InvalidArgument(
-            fmt::format("{}: \"num_train_timesteps\" must be >= 1", file.path));
+            fmt::format("{}: \"num_train_timesteps\" must be >= 1", where));
     return spec;
 }
 
@@ -153,18 +156,6 @@ void check_sampler(const SamplerSpec& spec, int64_t steps) {
         euler_sigmas(steps, spec.shift, spec.num_train_timesteps);
     else
         flow_schedule(steps, spec.shift, spec.num_train_timesteps);
-}
-
-at::Tensor sample_flow(const Velocity& velocity, const at::Tensor& noise, int64_t steps,
-                       const SamplerSpec& spec) {
-    if (spec.kind == SamplerSpec::Kind::kEuler)
-        return euler_sample(velocity, noise,
-                            euler_sigmas(steps, spec.shift, spec.num_train_timesteps),
-                            spec.num_train_timesteps);
-    const FlowSchedule schedule = flow_schedule(steps, spec.shift, spec.num_train_timesteps);
-    if (spec.kind == SamplerSpec::Kind::kUniPc)
-        return unipc_sample(velocity, noise, schedule, {spec.solver_order, spec.disable_corrector});
-    return dpm_solver_sample(velocity, noise, schedule, {spec.solver_order, spec.heun});
 }
 
 }  // namespace sf::sample
