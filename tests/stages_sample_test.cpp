@@ -300,7 +300,8 @@ TEST(SchedulerConfig, ReadsSanasAndEulersAndRefusesWhatItCannotRun) {
     EXPECT_EQ(spec.shift, 3.0);
     EXPECT_EQ(spec.solver_order, 2);
     EXPECT_FALSE(spec.heun);
-    EXPECT_EQ(sf::sample::describe(spec), "DPM-Solver++ 2M (shift 3)");
+    EXPECT_EQ(sf::sample::describe(spec),
+              "DPM-Solver++ 2M (shift 3, from " + (dir / "scheduler_config.json").string() + ")");
     spec = sf::sample::read_scheduler_config(
         write(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 2.5})"));
     EXPECT_EQ(spec.kind, sf::sample::SamplerSpec::Kind::kEuler);
@@ -323,6 +324,13 @@ TEST(SchedulerConfig, ReadsSanasAndEulersAndRefusesWhatItCannotRun) {
     refused(third, "solver_order");
     refused(R"({"_class_name": "EulerAncestralDiscreteScheduler"})",
             "EulerAncestralDiscreteScheduler");
+    try {  // a value too long to print is cut short
+        sf::sample::read_scheduler_config(
+            write(R"({"_class_name": ")" + std::string(100000, 'x') + R"("})"));
+        ADD_FAILURE() << "a long class name was not refused";
+    } catch (const sf::Error& e) {
+        EXPECT_LT(std::string(e.what()).size(), 500u);
+    }
     // Wan's own scheduler (Wan2.1-T2V-1.3B-Diffusers' keys that matter), and its refusals.
     const std::string wan =
         R"({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "predict_x0": true,
@@ -331,6 +339,7 @@ TEST(SchedulerConfig, ReadsSanasAndEulersAndRefusesWhatItCannotRun) {
             "disable_corrector": [], "solver_p": null})";
     spec = sf::sample::read_scheduler_config(write(wan));
     EXPECT_EQ(spec.kind, sf::sample::SamplerSpec::Kind::kUniPc);
+    spec.config_file.clear();
     EXPECT_EQ(sf::sample::describe(spec), "UniPC order 2 (shift 3)");
     std::string bh1 = wan;
     bh1.replace(bh1.find("bh2"), 3, "bh1");

@@ -243,8 +243,11 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
 
     const std::map<train::Bucket, std::vector<int64_t>> by_bucket =
         plan_class_images(set, report.found, c.num_class_images);
-    log_info("train: prior preservation: {} class images in {}; generating {} of \"{}\"",
-             report.found, c.class_data_dir, c.num_class_images - report.found, c.class_prompt);
+    log_info(
+        "train: prior preservation: {} class images in {}; generating {} of \"{}\" in {} steps of "
+        "{}",
+        report.found, c.class_data_dir, c.num_class_images - report.found, c.class_prompt,
+        o.validation_inference_steps, sample::describe(training::validation_sampler(o)));
     const c10::Device device = resolve_device(o.device);
     graph::Progress progress("class images", c.num_class_images - report.found);
     const std::map<int64_t, at::Tensor> latents =

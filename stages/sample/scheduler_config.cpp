@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/common/config_json.h"
 #include "stages/sample/flow_schedule.h"
+#include "storage/json_text.h"
 
 namespace sf::sample {
 namespace {
@@ -19,7 +20,7 @@ void require_string(const model::ConfigReader& r, const char* key, const std::st
     if (value != want)
         throw Error::InvalidArgument(
             fmt::format("{}: \"{}\" is \"{}\"; sanaflow samples only with \"{}\" here", r.where(),
-                        key, value, want));
+                        key, storage::text_excerpt(value), want));
 }
 
 void require_bool(const model::ConfigReader& r, const char* key, bool want, bool absent = false) {
@@ -60,7 +61,7 @@ SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
     if (solver_type != "midpoint" && solver_type != "heun")
         throw Error::InvalidArgument(
             fmt::format("{}: \"solver_type\" is \"{}\"; it must be \"midpoint\" or \"heun\"",
-                        r.where(), solver_type));
+                        r.where(), storage::text_excerpt(solver_type)));
     spec.heun = solver_type == "heun";
     r.number("flow_shift", spec.shift);
     r.integer("num_train_timesteps", spec.num_train_timesteps);
@@ -111,17 +112,20 @@ SamplerSpec read_euler(const model::ConfigReader& r) {
 }  // namespace
 
 std::string describe(const SamplerSpec& spec) {
-    if (spec.kind == SamplerSpec::Kind::kEuler)
-        return fmt::format("Euler (shift {:g})", spec.shift);
+    const std::string settings = fmt::format(
+        "(shift {:g}{})", spec.shift, spec.config_file.empty() ? "" : ", from " + spec.config_file);
+    if (spec.kind == SamplerSpec::Kind::kEuler) return "Euler " + settings;
     if (spec.kind == SamplerSpec::Kind::kUniPc)
-        return fmt::format("UniPC order {} (shift {:g})", spec.solver_order, spec.shift);
-    return fmt::format("DPM-Solver++ {}{} (shift {:g})", spec.solver_order == 2 ? "2M" : "1",
-                       spec.heun && spec.solver_order == 2 ? " heun" : "", spec.shift);
+        return fmt::format("UniPC order {} {}", spec.solver_order, settings);
+    return fmt::format("DPM-Solver++ {}{} {}", spec.solver_order == 2 ? "2M" : "1",
+                       spec.heun && spec.solver_order == 2 ? " heun" : "", settings);
 }
 
 SamplerSpec read_scheduler_config(const std::string& path) {
     const model::ConfigFile file = model::read_config_file(path, "scheduler config");
-    return scheduler_from_config(file.json, file.path);
+    SamplerSpec spec = scheduler_from_config(file.json, file.path);
+    spec.config_file = file.path;
+    return spec;
 }
 
 SamplerSpec scheduler_from_config(const nlohmann::json& config, const std::string& where) {
@@ -140,7 +144,7 @@ SamplerSpec scheduler_from_config(const nlohmann::json& config, const std::strin
             "{}: \"_class_name\" is \"{}\"; sanaflow samples with DPMSolverMultistepScheduler, "
             "UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler (--validation_scheduler "
             "dpm_solver, unipc or euler picks one without this file)",
-            where, name));
+            where, storage::text_excerpt(name)));
     }
     if (!std::isfinite(spec.shift) || spec.shift <= 0)
         throw Error::InvalidArgument(

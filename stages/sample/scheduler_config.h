@@ -22,9 +22,11 @@ struct SamplerSpec {
     int solver_order = 2;                    // DPM-Solver++: 1 or 2; UniPC: 1 to 3
     bool heun = false;                       // DPM-Solver++'s solver_type "heun" ("midpoint" else)
     std::vector<int64_t> disable_corrector;  // UniPC's steps without a correction
+    std::string config_file;                 // the scheduler_config.json read; "": none
 };
 
-// "DPM-Solver++ 2M (shift 3)", "UniPC order 2 (shift 3)" or "Euler (shift 3)", for the log.
+// "DPM-Solver++ 2M (shift 3)", "UniPC order 2 (shift 3)" or "Euler (shift 3)", for the log, with
+// ", from FILE" inside the brackets when a config file was read.
 std::string describe(const SamplerSpec& spec);
 
 // A scheduler_config.json of DPMSolverMultistepScheduler (dpmsolver++ on flow sigmas with flow

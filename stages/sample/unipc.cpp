@@ -72,13 +72,13 @@ std::vector<std::vector<double>> powers(const std::vector<double>& rks, size_t n
 }
 
 // sum_k rho_k (x0_k - x0) / r_k over the earlier points: `history` holds the data predictions,
-// newest last, x0 = history[newest - skip].
-at::Tensor weighted_differences(const std::deque<at::Tensor>& history, size_t skip, const Update& u,
+// newest (x0) last, x0_k the k-th before it.
+at::Tensor weighted_differences(const std::deque<at::Tensor>& history, const Update& u,
                                 const std::vector<double>& rho) {
-    const at::Tensor& m0 = history[history.size() - 1 - skip];
+    const at::Tensor& m0 = history.back();
     at::Tensor sum;
     for (size_t k = 0; k < u.rks.size(); ++k) {
-        const at::Tensor d = (history[history.size() - 2 - skip - k] - m0) * (rho[k] / u.rks[k]);
+        const at::Tensor d = (history[history.size() - 2 - k] - m0) * (rho[k] / u.rks[k]);
         sum = sum.defined() ? sum + d : d;
     }
     return sum;
@@ -108,7 +108,7 @@ at::Tensor unipc_sample(const Velocity& velocity, const at::Tensor& noise,
     int last_order = 0, warm = 0;
     for (size_t i = 0; i < steps; ++i) {
         const at::Tensor x0 = data_prediction(velocity, x, schedule, i);
-        if (i > 0 && last_sample.defined() && corrects_after(i - 1)) {
+        if (i > 0 && corrects_after(i - 1)) {
             // The last step again from last_sample, x0 joining its points.
             const Update u = update_of(sigmas[i - 1], sigmas[i],
                                        earlier_sigmas(i - 2, last_order - 1), last_order);
@@ -122,7 +122,7 @@ at::Tensor unipc_sample(const Velocity& velocity, const at::Tensor& noise,
             }
             const at::Tensor& m0 = history.back();
             at::Tensor correction = rho.back() * (x0 - m0);
-            if (!u.rks.empty()) correction = correction + weighted_differences(history, 0, u, rho);
+            if (!u.rks.empty()) correction = correction + weighted_differences(history, u, rho);
             x = u.ratio * last_sample - u.alpha_t * u.h_phi_1 * m0 - u.alpha_t * u.b_h * correction;
         }
         history.push_back(x0);
@@ -138,7 +138,7 @@ at::Tensor unipc_sample(const Velocity& velocity, const at::Tensor& noise,
                 order == 2 ? std::vector<double>{0.5}
                            : solve(powers(u.rks, u.rks.size()),
                                    std::vector<double>(u.b.begin(), u.b.end() - 1));
-            next = next - u.alpha_t * u.b_h * weighted_differences(history, 0, u, rho);
+            next = next - u.alpha_t * u.b_h * weighted_differences(history, u, rho);
         }
         x = next;
         last_order = order;
