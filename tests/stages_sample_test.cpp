@@ -3,12 +3,14 @@
 // UniPCMultistepScheduler's; each integrates a flow exactly where it is exact; guidance combines
 // the transformer's two velocities as Sana's pipeline does, batched or not; a model root's
 // scheduler config is read or refused by key.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "model/sana/sana_transformer.h"
@@ -122,10 +124,24 @@ TEST(DpmSolver, SigmasAndTimestepsAreDPMSolverMultistepSchedulers) {
     EXPECT_THROW(sf::sample::flow_schedule(4, 0.0), sf::Error);
 }
 
+// The flow v(x, t) = sin(3x) t / 1000 + x / 2 from x = (-1.5, -0.5, 0.25, 1, 2), which
+// upstream's schedulers were stepped on as Sana's pipeline steps them (the model given the int64
+// timestep), their results printed by the project's .venv in float32: `sample` run on it must end
+// within 2e-6 of `upstream`.
+void expect_upstreams_end(
+    const std::function<at::Tensor(const sf::sample::Velocity&, const at::Tensor&)>& sample,
+    const std::vector<double>& upstream, const std::string& what) {
+    const sf::sample::Velocity v = [](const at::Tensor& x, const at::Tensor& t) {
+        return torch::sin(3 * x) * (t.unsqueeze(1) / 1000) + 0.5 * x;
+    };
+    const at::Tensor x = sample(v, torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0));
+    const at::Tensor expected = torch::tensor(upstream, torch::kFloat).unsqueeze(0);
+    EXPECT_TRUE(torch::allclose(x, expected, 0, 2e-6))
+        << what << ": " << (x - expected).abs().max().item<double>();
+}
+
 // What diffusers 0.36's DPMSolverMultistepScheduler (flow_prediction, use_flow_sigmas) makes of
-// the flow v(x, t) = sin(3x) t / 1000 + x / 2, stepped as Sana's pipeline steps it (the model
-// given the int64 timestep), from x = (-1.5, -0.5, 0.25, 1, 2): printed by the project's .venv
-// in float32. The variants differ from one another by 3e-3 or more.
+// expect_upstreams_end's flow. The variants differ from one another by 3e-3 or more.
 TEST(DpmSolver, StepsAsDPMSolverMultistepSchedulerDoesInEveryOrder) {
     struct Case {
         int64_t steps;
@@ -172,17 +188,15 @@ TEST(DpmSolver, StepsAsDPMSolverMultistepSchedulerDoesInEveryOrder) {
          {-1.3753787279129028, -0.031191322952508926, 0.017870597541332245, 0.2978276014328003,
           1.499263048171997}},
     };
-    const sf::sample::Velocity v = [](const at::Tensor& x, const at::Tensor& t) {
-        return torch::sin(3 * x) * (t.unsqueeze(1) / 1000) + 0.5 * x;
-    };
-    const at::Tensor start = torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0);
     for (const Case& c : cases) {
-        const at::Tensor x = sf::sample::dpm_solver_sample(
-            v, start, sf::sample::flow_schedule(c.steps, c.shift), {c.order, c.heun});
-        const at::Tensor upstream = torch::tensor(c.upstream, torch::kFloat).unsqueeze(0);
-        EXPECT_TRUE(torch::allclose(x, upstream, 0, 2e-6))
-            << c.steps << " steps, shift " << c.shift << ", order " << c.order << ", heun "
-            << c.heun << ": " << (x - upstream).abs().max().item<double>();
+        expect_upstreams_end(
+            [&](const sf::sample::Velocity& v, const at::Tensor& start) {
+                return sf::sample::dpm_solver_sample(
+                    v, start, sf::sample::flow_schedule(c.steps, c.shift), {c.order, c.heun});
+            },
+            c.upstream,
+            fmt::format("{} steps, shift {}, order {}, heun {}", c.steps, c.shift, c.order,
+                        c.heun));
     }
 }
 
@@ -237,18 +251,16 @@ TEST(UniPc, StepsAsUniPCMultistepSchedulerDoesInEveryOrder) {
          {-1.3148953914642334, -0.05300553888082504, 0.02374735102057457, 0.2463194876909256,
           1.512673258781433}},
     };
-    const sf::sample::Velocity v = [](const at::Tensor& x, const at::Tensor& t) {
-        return torch::sin(3 * x) * (t.unsqueeze(1) / 1000) + 0.5 * x;
-    };
-    const at::Tensor start = torch::tensor({-1.5, -0.5, 0.25, 1.0, 2.0}).unsqueeze(0);
     for (const Case& c : cases) {
-        const at::Tensor x = sf::sample::unipc_sample(
-            v, start, sf::sample::flow_schedule(c.steps, c.shift), {c.order, c.disable_corrector});
-        const at::Tensor upstream = torch::tensor(c.upstream, torch::kFloat).unsqueeze(0);
-        EXPECT_TRUE(torch::allclose(x, upstream, 0, 2e-6))
-            << c.steps << " steps, shift " << c.shift << ", order " << c.order << ", "
-            << c.disable_corrector.size()
-            << " corrections disabled: " << (x - upstream).abs().max().item<double>();
+        expect_upstreams_end(
+            [&](const sf::sample::Velocity& v, const at::Tensor& start) {
+                return sf::sample::unipc_sample(v, start,
+                                                sf::sample::flow_schedule(c.steps, c.shift),
+                                                {c.order, c.disable_corrector});
+            },
+            c.upstream,
+            fmt::format("{} steps, shift {}, order {}, {} corrections disabled", c.steps, c.shift,
+                        c.order, c.disable_corrector.size()));
     }
 }
 

@@ -130,11 +130,12 @@ std::map<train::Bucket, std::vector<int64_t>> plan_class_images(const train::Tra
 }
 
 // The base transformer (no adapters) on the device for this only: each bucket's images sampled
-// --sample_batch_size at a time. Index -> latent [1, C, h, w] on the CPU.
+// --sample_batch_size at a time with `sampler`. Index -> latent [1, C, h, w] on the CPU.
 std::map<int64_t, at::Tensor> sample_class_latents(
-    const TrainOptions& o, const ClassImageOptions& c, const train::TrainingSet& set,
-    const at::Tensor& prompt, const std::map<train::Bucket, std::vector<int64_t>>& by_bucket,
-    c10::Device device, graph::Progress& progress) {
+    const TrainOptions& o, const ClassImageOptions& c, const sample::SamplerSpec& sampler,
+    const train::TrainingSet& set, const at::Tensor& prompt,
+    const std::map<train::Bucket, std::vector<int64_t>>& by_bucket, c10::Device device,
+    graph::Progress& progress) {
     auto lease = graph::device_lease().acquire("generate_class_images");
     TrainOptions base = o;
     base.rank = 0;
@@ -148,7 +149,6 @@ std::map<int64_t, at::Tensor> sample_class_latents(
     const bool autocast = precision == "fp16" || precision == "bf16";
     model::AutocastGuard guard(device.type(), autocast ? resolve_dtype(precision) : at::kBFloat16,
                                autocast);
-    const sample::SamplerSpec sampler = training::validation_sampler(o);
     const at::Tensor empty = set.empty_prompt().to(device, at::kFloat);
     const at::Tensor caption = prompt.to(device, at::kFloat).unsqueeze(0);
     const int64_t down = set.latent_downsample();
@@ -243,15 +243,16 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
 
     const std::map<train::Bucket, std::vector<int64_t>> by_bucket =
         plan_class_images(set, report.found, c.num_class_images);
+    const sample::SamplerSpec sampler = training::validation_sampler(o);
     log_info(
         "train: prior preservation: {} class images in {}; generating {} of \"{}\" in {} steps of "
         "{}",
         report.found, c.class_data_dir, c.num_class_images - report.found, c.class_prompt,
-        o.validation_inference_steps, sample::describe(training::validation_sampler(o)));
+        o.validation_inference_steps, sample::describe(sampler));
     const c10::Device device = resolve_device(o.device);
     graph::Progress progress("class images", c.num_class_images - report.found);
     const std::map<int64_t, at::Tensor> latents =
-        sample_class_latents(o, c, set, prompt, by_bucket, device, progress);
+        sample_class_latents(o, c, sampler, set, prompt, by_bucket, device, progress);
     mem::release_memory("class images after sampling");
     report.written = write_class_images(vae, device, latents, c.class_data_dir);
     progress.finish();

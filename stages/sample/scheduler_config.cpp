@@ -37,25 +37,37 @@ void require_null(const model::ConfigReader& r, const char* key) {
             fmt::format("{}: \"{}\" is set; sanaflow samples only without it", r.where(), key));
 }
 
-SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
+// What DPMSolverMultistepScheduler and UniPCMultistepScheduler share: flow sigmas ending at 0,
+// flow predictions, no thresholding or other sigma spacing, an order in [1, most_order], their
+// flow_shift (1.0 by default, as diffusers').
+SamplerSpec read_multistep(const model::ConfigReader& r, SamplerSpec::Kind kind, int most_order,
+                           const char* solver) {
     SamplerSpec spec;
-    spec.kind = SamplerSpec::Kind::kDpmSolver;
-    spec.shift = 1.0;  // diffusers' default flow_shift
+    spec.kind = kind;
+    spec.shift = 1.0;
     require_bool(r, "use_flow_sigmas", true);
     require_string(r, "prediction_type", "flow_prediction", "epsilon");
-    require_string(r, "algorithm_type", "dpmsolver++", "dpmsolver++");
     require_string(r, "final_sigmas_type", "zero", "zero");
     for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
-                            "use_beta_sigmas", "use_lu_lambdas", "use_dynamic_shifting"})
+                            "use_beta_sigmas", "use_dynamic_shifting"})
         require_bool(r, key, false);
-    require_null(r, "variance_type");
     int64_t order = 2;
     r.integer("solver_order", order);
-    if (order != 1 && order != 2)
+    if (order < 1 || order > most_order)
         throw Error::InvalidArgument(
-            fmt::format("{}: \"solver_order\" is {}; sanaflow's DPM-Solver++ runs orders 1 and 2",
-                        r.where(), order));
+            fmt::format("{}: \"solver_order\" is {}; sanaflow's {} runs orders 1 to {}", r.where(),
+                        order, solver, most_order));
     spec.solver_order = static_cast<int>(order);
+    r.number("flow_shift", spec.shift);
+    r.integer("num_train_timesteps", spec.num_train_timesteps);
+    return spec;
+}
+
+SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
+    SamplerSpec spec = read_multistep(r, SamplerSpec::Kind::kDpmSolver, 2, "DPM-Solver++");
+    require_string(r, "algorithm_type", "dpmsolver++", "dpmsolver++");
+    require_bool(r, "use_lu_lambdas", false);
+    require_null(r, "variance_type");
     std::string solver_type = "midpoint";
     r.string("solver_type", solver_type);
     if (solver_type != "midpoint" && solver_type != "heun")
@@ -63,36 +75,18 @@ SamplerSpec read_dpm_solver(const model::ConfigReader& r) {
             fmt::format("{}: \"solver_type\" is \"{}\"; it must be \"midpoint\" or \"heun\"",
                         r.where(), storage::text_excerpt(solver_type)));
     spec.heun = solver_type == "heun";
-    r.number("flow_shift", spec.shift);
-    r.integer("num_train_timesteps", spec.num_train_timesteps);
     return spec;
 }
 
 SamplerSpec read_unipc(const model::ConfigReader& r) {
-    SamplerSpec spec;
-    spec.kind = SamplerSpec::Kind::kUniPc;
-    spec.shift = 1.0;  // diffusers' default flow_shift
-    require_bool(r, "use_flow_sigmas", true);
-    require_string(r, "prediction_type", "flow_prediction", "epsilon");
+    SamplerSpec spec = read_multistep(r, SamplerSpec::Kind::kUniPc, 3, "UniPC");
     require_bool(r, "predict_x0", true, true);
     // "bh1" (B(h) = hh) multiplies -infinity by 0 at the last step to sigma 0: NaN upstream.
     require_string(r, "solver_type", "bh2", "bh2");
-    require_string(r, "final_sigmas_type", "zero", "zero");
     // Without it the last step divides by a ratio of 0 upstream (an order above 1 to sigma 0).
     require_bool(r, "lower_order_final", true, true);
-    for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
-                            "use_beta_sigmas", "use_dynamic_shifting"})
-        require_bool(r, key, false);
     require_null(r, "solver_p");
-    int64_t order = 2;
-    r.integer("solver_order", order);
-    if (order < 1 || order > 3)
-        throw Error::InvalidArgument(fmt::format(
-            "{}: \"solver_order\" is {}; sanaflow's UniPC runs orders 1 to 3", r.where(), order));
-    spec.solver_order = static_cast<int>(order);
     r.integer_list("disable_corrector", spec.disable_corrector);
-    r.number("flow_shift", spec.shift);
-    r.integer("num_train_timesteps", spec.num_train_timesteps);
     return spec;
 }
 
