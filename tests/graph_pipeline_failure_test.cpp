@@ -25,7 +25,8 @@ using testing::expect_disk_full;
 using testing::quiet;
 using testing::with_watchdog;
 
-void expect_accounted(const RunStats& stats) {
+// Without one-to-many stages: every produced item ended once.
+void expect_each_item_ended(const RunStats& stats) {
     EXPECT_EQ(stats.produced, stats.completed + stats.rejected + stats.dropped);
 }
 
@@ -59,7 +60,7 @@ TEST(LinearPipelineFailure, ThrowingStageCancelsRethrowsItsTypeAndKeepsCommitted
 
     const RunStats& stats = pipeline.stats();
     EXPECT_TRUE(stats.cancelled);
-    expect_accounted(stats);
+    expect_each_item_ended(stats);
     // Committed: everything the sink accepted, each once, and never the failed item.
     EXPECT_EQ(static_cast<int64_t>(committed.size()), stats.completed);
     std::set<int64_t> unique(committed.begin(), committed.end());
@@ -99,7 +100,7 @@ TEST(LinearPipelineFailure, SinkErrorKeepsItsCategoryAndStopsTheSource) {
     for (int64_t i = 0; i < 10; ++i) expected[i] = i;
     EXPECT_EQ(committed, expected);
     EXPECT_LE(pipeline.stats().produced, 10 + 3);
-    expect_accounted(pipeline.stats());
+    expect_each_item_ended(pipeline.stats());
 }
 
 // Items wait in a slow stage (one running, the rest queued behind it) when another stage fails:
@@ -169,7 +170,7 @@ TEST(LinearPipelineFailure, FirstOfSeveralErrorsIsTheOneReported) {
     } catch (const std::runtime_error& e) {
         EXPECT_EQ(std::string(e.what()).rfind("item ", 0), 0u) << e.what();
     }
-    expect_accounted(pipeline.stats());
+    expect_each_item_ended(pipeline.stats());
 }
 
 TEST(LinearPipelineFailure, FailingBatchDropsItsItemsAndPartialBatchesAreAccountedFor) {
@@ -194,7 +195,7 @@ TEST(LinearPipelineFailure, FailingBatchDropsItsItemsAndPartialBatchesAreAccount
     // needed to fill. What it had not written when batch 3 failed is dropped, not written.
     EXPECT_GE(pipeline.stats().completed, 4);
     EXPECT_LE(pipeline.stats().completed, 8);
-    expect_accounted(pipeline.stats());
+    expect_each_item_ended(pipeline.stats());
 }
 
 TEST(LinearPipelineFailure, CancelFromOutsideStopsTheRunWithoutAnError) {
@@ -213,7 +214,7 @@ TEST(LinearPipelineFailure, CancelFromOutsideStopsTheRunWithoutAnError) {
     EXPECT_TRUE(stats.cancelled);
     EXPECT_EQ(stats.completed, 10);
     EXPECT_LT(stats.produced, kItems);
-    expect_accounted(stats);
+    expect_each_item_ended(stats);
 }
 
 TEST(LinearPipelineFailure, ExceptionFromOnRejectIsFatal) {
@@ -226,7 +227,7 @@ TEST(LinearPipelineFailure, ExceptionFromOnRejectIsFatal) {
     EXPECT_THROW(with_watchdog(10s, [&] { return pipeline.run(); }), Error);
     EXPECT_GE(pipeline.stats().rejected, 1);
     EXPECT_LE(pipeline.stats().produced, 2);  // the failing item and the other token's
-    expect_accounted(pipeline.stats());
+    expect_each_item_ended(pipeline.stats());
 }
 
 }  // namespace

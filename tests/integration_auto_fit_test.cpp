@@ -21,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using sf::pipelines::TrainOptions;
+using sf::test::losses_in;
 using sf::test::TempDir;
 
 const std::string& auto_fit_cache() {
@@ -55,12 +56,6 @@ TrainOptions auto_fit_options(const std::string& out) {
     o.plan_calibration = calibration_file();
     o.plan_calibration_points = 48;  // half the default: enough for the tiny model, twice as fast
     return o;
-}
-
-std::vector<double> losses_in(const std::string& output_dir) {
-    auto j =
-        nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
-    return j.at("losses").get<std::vector<double>>();
 }
 
 const std::string kWeights = "/transformer/diffusion_pytorch_model.safetensors";

@@ -34,6 +34,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using sf::test::losses_in;
 using sf::test::TempDir;
 
 const std::string& ddp_cache() {
@@ -139,12 +140,6 @@ double weight_difference(const std::string& a, const std::string& b) {
         if (size > 0) worst = std::max(worst, diff / size);
     }
     return worst;
-}
-
-std::vector<double> losses_in(const std::string& output_dir) {
-    auto j =
-        nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
-    return j.at("losses").get<std::vector<double>>();
 }
 
 std::string weights_of(const std::string& out, bool lora) {

@@ -202,12 +202,14 @@ TEST(TrainPrior, MissingClassFlagsAreNamedBeforeAnyWork) {
         EXPECT_NE(overlap.output.find("overlap"), std::string::npos) << overlap.output;
     }
     EXPECT_FALSE(fs::exists(tmp.file("overlap/cache")));
-    // fp16 generation where autocast refuses it (the CPU of LibTorch 1.13) is named before prep.
+    // fp16 generation where autocast refuses it (the CPU of LibTorch 1.13) is named before prep;
+    // where it runs (LibTorch 2.x), two images (the default 100 took 118 s there in fp16).
     const auto fp16 = sf::test::run_command(
         kSanaflow + " train --instance_data_dir " + tmp.file("data") +
         " --with_prior_preservation --class_data_dir " + tmp.file("c") +
         " --class_prompt dog --prior_generation_precision fp16 --max_train_steps 1 "
-        "--train_batch_size 1 --validation_inference_steps 1 --output_dir " +
+        "--train_batch_size 1 --validation_inference_steps 1 --num_class_images 2 "
+        "--output_dir " +
         tmp.file("fp16"));
     if (fp16.exit_code != 0) {
         EXPECT_EQ(fp16.exit_code, 2) << fp16.output;

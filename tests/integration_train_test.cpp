@@ -40,6 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using sf::pipelines::TrainOptions;
 using sf::test::kSanaflow;
+using sf::test::losses_in;
 using sf::test::mean;
 using sf::test::TempDir;
 
@@ -66,12 +67,6 @@ TrainOptions train_options(const std::string& out) {
     o.checkpointing_steps = 0;
     o.log_every = 1000;
     return o;
-}
-
-std::vector<double> losses_in(const std::string& output_dir) {
-    auto j =
-        nlohmann::json::parse(sf::test::read_file(fs::path(output_dir) / "training_summary.json"));
-    return j.at("losses").get<std::vector<double>>();
 }
 
 TEST(TrainIntegration, TinyModelLowersItsLossWithoutLoadingAnEncoder) {

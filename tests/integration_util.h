@@ -127,6 +127,13 @@ inline int64_t step_peak(const std::filesystem::path& output_dir) {
     return peak;
 }
 
+// Every step's loss of a finished run, from its training_summary.json.
+inline std::vector<double> losses_in(const std::string& output_dir) {
+    const auto j = nlohmann::json::parse(
+        read_file(std::filesystem::path(output_dir) / "training_summary.json"));
+    return j.at("losses").get<std::vector<double>>();
+}
+
 inline double mean(const std::vector<double>& v, size_t from, size_t to) {
     double s = 0;
     for (size_t i = from; i < to; ++i) s += v[i];

@@ -25,7 +25,8 @@ using sf::model::AutoencoderDCConfig;
 using sf::model::dc_ae_parameter_count;
 using sf::model::parameter_count;
 
-constexpr double kRtol = 1e-4, kAtol = 1e-5;  // the golden README's fp32 forward tolerances
+using sf::test::kForwardAtol;
+using sf::test::kForwardRtol;
 
 std::string vae_dir() { return sf::test::golden_path("vae"); }
 
@@ -62,16 +63,7 @@ AutoencoderDCConfig shuffle_layout() {
     return c;
 }
 
-void expect_invalid(const std::function<void()>& f, const std::vector<std::string>& needles) {
-    try {
-        f();
-        ADD_FAILURE() << "expected sf::Error";
-    } catch (const sf::Error& e) {
-        EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument) << e.what();
-        for (const auto& n : needles)
-            EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-    }
-}
+using sf::test::expect_invalid;
 
 // ---- configuration ----
 
@@ -155,10 +147,12 @@ void check_golden(const std::string& ref_file, int64_t linear_calls, int64_t qua
     auto ref = sf::test::load_ref(ref_file);
     auto vae = sf::model::load_autoencoder_dc(vae_dir());
     const auto latent = vae->encode(ref.at("image"));
-    sf::test::expect_close(latent, ref.at("latent"), kRtol, kAtol, ref_file + " latent");
+    sf::test::expect_close(latent, ref.at("latent"), kForwardRtol, kForwardAtol,
+                           ref_file + " latent");
     // Decoding upstream's latent checks the decoder on its own.
     const auto decoded = vae->decode(ref.at("latent"));
-    sf::test::expect_close(decoded, ref.at("decoded"), kRtol, kAtol, ref_file + " decoded");
+    sf::test::expect_close(decoded, ref.at("decoded"), kForwardRtol, kForwardAtol,
+                           ref_file + " decoded");
     // The manifest counts upstream's attention calls of each kind for encode + decode.
     EXPECT_EQ(vae->attention_calls().linear.load(), linear_calls);
     EXPECT_EQ(vae->attention_calls().quadratic.load(), quadratic_calls);

@@ -21,6 +21,11 @@
 
 namespace sf::test {
 
+// The golden README's fp32 tolerances: of forward outputs (samples, latents, decoded images) and
+// of gradients.
+constexpr double kForwardRtol = 1e-4, kForwardAtol = 1e-5;
+constexpr double kGradRtol = 1e-3, kGradAtol = 1e-5;
+
 // SANAFLOW_TEST_DATA/golden/<rel>, e.g. golden_path("transformer") or
 // golden_path("refs/transformer_forward.safetensors").
 inline std::string golden_path(const std::string& rel) {
@@ -32,8 +37,11 @@ inline std::string golden_video_path(const std::string& rel) {
     return (std::filesystem::path(SANAFLOW_TEST_DATA) / "golden-video" / rel).string();
 }
 
-// A reference file under golden/refs by file name.
+// A reference file under golden/refs, or golden-video/refs, by file name.
 inline std::string ref_path(const std::string& file) { return golden_path("refs/" + file); }
+inline std::string video_ref_path(const std::string& file) {
+    return golden_video_path("refs/" + file);
+}
 
 // The golden data is committed with the tests: a test that needs it fails without it (it never
 // skips, or a lost directory would pass every golden test silently).

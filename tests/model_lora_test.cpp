@@ -59,7 +59,8 @@ void randomize_lora_b(torch::nn::Module& model, double stddev = 0.1) {
     }
 }
 
-std::string error_of(const std::function<void()>& f) {
+// The message of the kInvalidArgument error `f` throws.
+std::string refusal_of(const std::function<void()>& f) {
     try {
         f();
     } catch (const sf::Error& e) {
@@ -320,7 +321,7 @@ TEST(LoRA, LoadRefusesMissingMisshapedAndUnexpectedTensorsNamingThem) {
     std::vector<at::Tensor> copies;
     for (const auto& [name, t] : before) copies.push_back(t.detach().clone());
     const std::string msg =
-        error_of([&] { sf::model::load_lora(*target, dir.file("bad.safetensors")); });
+        refusal_of([&] { sf::model::load_lora(*target, dir.file("bad.safetensors")); });
     EXPECT_NE(msg.find(missing), std::string::npos) << msg;
     EXPECT_NE(msg.find(misshaped + ": file has [5, 64], model wants [4, 64]"), std::string::npos)
         << msg;
@@ -335,16 +336,16 @@ TEST(LoRA, LoadRefusesMissingMisshapedAndUnexpectedTensorsNamingThem) {
     add_lora(*other, LoRAConfig{4, 16.0, {"to_q", "to_k", "to_v"}, 0.0});
     sf::model::save_lora(*other, dir.file("alpha16.safetensors"));
     const std::string alpha_msg =
-        error_of([&] { sf::model::load_lora(*target, dir.file("alpha16.safetensors")); });
+        refusal_of([&] { sf::model::load_lora(*target, dir.file("alpha16.safetensors")); });
     EXPECT_NE(alpha_msg.find("transformer.lora_alpha: file has 16, model has 4"), std::string::npos)
         << alpha_msg;
 
     SanaTransformer bare = make_model();
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   sf::model::load_lora(*bare, dir.file("alpha16.safetensors"));
               }).find("no LoRA adapters"),
               std::string::npos);
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   sf::model::save_lora(*bare, dir.file("none.safetensors"));
               }).find("no LoRA adapters"),
               std::string::npos);
@@ -372,26 +373,26 @@ TEST(LoRA, EachAttentionProjectionIsRoutedThroughItsAdapter) {
 
 TEST(LoRA, BadConfigsAndTargetsAreRefusedNamingThem) {
     SanaTransformer model = make_model();
-    std::string msg = error_of([&] { add_lora(*model, LoRAConfig{4, 4.0, {"to_qq"}, 0.0}); });
+    std::string msg = refusal_of([&] { add_lora(*model, LoRAConfig{4, 4.0, {"to_qq"}, 0.0}); });
     EXPECT_NE(msg.find("\"to_qq\""), std::string::npos) << msg;
     EXPECT_NE(msg.find("to_out.0"), std::string::npos) << msg;  // the Linear names on offer
     EXPECT_NE(msg.find("proj_out"), std::string::npos) << msg;
-    msg = error_of([&] { add_lora(*model, LoRAConfig{4, 4.0, {"to_q", "conv_depth"}, 0.0}); });
+    msg = refusal_of([&] { add_lora(*model, LoRAConfig{4, 4.0, {"to_q", "conv_depth"}, 0.0}); });
     EXPECT_NE(msg.find("\"conv_depth\""), std::string::npos) << msg;
     EXPECT_NE(msg.find("Conv2d"), std::string::npos) << msg;
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   add_lora(*model, LoRAConfig{0, 4.0, {"to_q"}, 0.0});
               }).find("rank"),
               std::string::npos);
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   add_lora(*model, LoRAConfig{4, 0.0, {"to_q"}, 0.0});
               }).find("alpha"),
               std::string::npos);
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   add_lora(*model, LoRAConfig{4, 4.0, {}, 0.0});
               }).find("targets"),
               std::string::npos);
-    EXPECT_NE(error_of([&] {
+    EXPECT_NE(refusal_of([&] {
                   add_lora(*model, LoRAConfig{4, 4.0, {"to_q"}, 1.0});
               }).find("dropout"),
               std::string::npos);
@@ -401,7 +402,8 @@ TEST(LoRA, BadConfigsAndTargetsAreRefusedNamingThem) {
         EXPECT_FALSE(is_adapter(p.key())) << p.key();
     }
     add_lora(*model, LoRAConfig{});
-    EXPECT_NE(error_of([&] { add_lora(*model, LoRAConfig{}); }).find("already"), std::string::npos);
+    EXPECT_NE(refusal_of([&] { add_lora(*model, LoRAConfig{}); }).find("already"),
+              std::string::npos);
 }
 
 TEST(LoRA, CastFrozenKeepsFp32AdaptersThatTrainUnderBf16Autocast) {

@@ -28,8 +28,10 @@ using sf::test::load_ref;
 
 // fp32 tolerances: forward outputs as the golden README suggests; gradients are deep sums whose
 // order of summation differs from upstream's, so they get a looser relative bound.
-constexpr double kForwardRtol = 1e-4, kForwardAtol = 1e-5;
-constexpr double kGradRtol = 1e-3, kGradAtol = 1e-5;
+using sf::test::kForwardAtol;
+using sf::test::kForwardRtol;
+using sf::test::kGradAtol;
+using sf::test::kGradRtol;
 
 SanaTransformer load_golden(const std::string& dir) {
     const auto config = SanaTransformerConfig::from_json_file(golden_path(dir));
@@ -251,17 +253,17 @@ TEST(SanaTransformer, RefusesBadInputShapesNamingTheInput) {
 
 // Forward and backward of one step; returns the input's gradient, every parameter's (cleared from
 // the model) and the peak counted bytes.
-struct StepGrads {
+struct ImageStep {
     at::Tensor input;
     std::map<std::string, at::Tensor> params;
     int64_t peak = 0;
 };
-StepGrads image_step(SanaTransformer& model, const at::Tensor& x, const at::Tensor& caption) {
+ImageStep image_step(SanaTransformer& model, const at::Tensor& x, const at::Tensor& caption) {
     const at::Tensor input = x.clone().requires_grad_(true);
     sf::mem::reset_peak();
     const int64_t before = sf::mem::cpu_stats().current;
     model(input, caption, torch::full({x.size(0)}, 400.0)).pow(2).mean().backward();
-    StepGrads g{input.grad(), {}, sf::mem::cpu_stats().peak - before};
+    ImageStep g{input.grad(), {}, sf::mem::cpu_stats().peak - before};
     for (const auto& p : model->named_parameters()) {
         g.params[p.key()] = p.value().grad();
         p.value().mutable_grad() = at::Tensor();
@@ -279,7 +281,7 @@ TEST(SanaTransformer, ChunkedFeedForwardGivesTheSameResultsWithLessMemory) {
     // activations dominate the step.
     const at::Tensor x = torch::randn({2, 32, 13, 24});
     const at::Tensor caption = torch::randn({2, 6, 16});
-    const StepGrads plain = image_step(model, x, caption);
+    const ImageStep plain = image_step(model, x, caption);
     at::Tensor plain_out;
     {
         torch::NoGradGuard no_grad;
@@ -300,7 +302,7 @@ TEST(SanaTransformer, ChunkedFeedForwardGivesTheSameResultsWithLessMemory) {
             expect_close(model(x, caption, torch::full({2}, 400.0)), plain_out, 1e-5, 1e-6,
                          "forward, " + what);
         }
-        const StepGrads g = image_step(model, x, caption);
+        const ImageStep g = image_step(model, x, caption);
         expect_close(g.input, plain.input, 1e-4, 1e-7, "input gradient, " + what);
         for (const auto& [name, grad] : plain.params) {
             expect_close(g.params.at(name), grad, 1e-4, 1e-7, "grad." + name + ", " + what);
@@ -318,7 +320,7 @@ TEST(SanaTransformer, ChunkedFeedForwardGivesTheSameResultsWithLessMemory) {
     for (const int64_t every : {0, 1}) {
         model->set_gradient_checkpointing(every);
         model->set_feed_forward_chunk(0);
-        StepGrads whole, chunked;
+        ImageStep whole, chunked;
         {
             sf::model::AutocastGuard bf16(c10::DeviceType::CPU, at::kBFloat16);
             whole = image_step(model, x, caption);

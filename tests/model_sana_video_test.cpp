@@ -32,11 +32,13 @@ using sf::test::expect_close;
 using sf::test::load_ref;
 
 // The golden README's fp32 tolerances.
-constexpr double kForwardRtol = 1e-4, kForwardAtol = 1e-5;
-constexpr double kGradRtol = 1e-3, kGradAtol = 1e-5;
+using sf::test::kForwardAtol;
+using sf::test::kForwardRtol;
+using sf::test::kGradAtol;
+using sf::test::kGradRtol;
 
 std::string model_dir() { return sf::test::golden_video_path("transformer_video"); }
-std::string ref(const std::string& file) { return sf::test::golden_video_path("refs/" + file); }
+using sf::test::video_ref_path;
 
 SanaVideoTransformer load_golden() {
     SanaVideoTransformer model(SanaVideoTransformerConfig::from_json_file(model_dir()));
@@ -45,7 +47,7 @@ SanaVideoTransformer load_golden() {
     return model;
 }
 
-void expect_invalid(const std::function<void()>& f, const std::string& needle) {
+void expect_invalid_naming(const std::function<void()>& f, const std::string& needle) {
     try {
         f();
         ADD_FAILURE() << "no error (wanted one naming '" << needle << "')";
@@ -58,7 +60,7 @@ void expect_invalid(const std::function<void()>& f, const std::string& needle) {
 TEST(SanaVideoGolden, ForwardMatchesUpstream) {
     SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
     SanaVideoTransformer model = load_golden();
-    auto r = load_ref(ref("transformer_video_forward.safetensors"));
+    auto r = load_ref(video_ref_path("transformer_video_forward.safetensors"));
     torch::NoGradGuard no_grad;
     const at::Tensor sample = model(r.at("hidden_states"), r.at("encoder_hidden_states"),
                                     r.at("timestep"), r.at("encoder_attention_mask"));
@@ -68,7 +70,7 @@ TEST(SanaVideoGolden, ForwardMatchesUpstream) {
 TEST(SanaVideoGolden, PerTokenTimestepForwardMatchesUpstream) {
     SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
     SanaVideoTransformer model = load_golden();
-    auto r = load_ref(ref("transformer_video_forward_i2v.safetensors"));
+    auto r = load_ref(video_ref_path("transformer_video_forward_i2v.safetensors"));
     const at::Tensor& t = r.at("timestep");  // [B, 1, f, h, w]
     ASSERT_EQ(t.dim(), 5);
     torch::NoGradGuard no_grad;
@@ -95,7 +97,7 @@ void expect_upstream_training_step(const std::function<void(SanaVideoTransformer
     SanaVideoTransformer model = load_golden();
     model->train();
     setup(model);
-    auto r = load_ref(ref("transformer_video_train_step.safetensors"));
+    auto r = load_ref(video_ref_path("transformer_video_train_step.safetensors"));
     const at::Tensor sigma = r.at("sigma").view({-1, 1, 1, 1, 1});
     const at::Tensor x_t = (1 - sigma) * r.at("x0") + sigma * r.at("noise");
     const at::Tensor target = r.at("noise") - r.at("x0");
@@ -148,7 +150,7 @@ TEST(SanaVideoGolden, ChunkedAttentionTrainingStepMatchesUpstream) {
 TEST(SanaVideoGolden, PaddedCaptionTokensDoNotReachTheOutput) {
     SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
     SanaVideoTransformer model = load_golden();
-    auto r = load_ref(ref("transformer_video_forward.safetensors"));
+    auto r = load_ref(video_ref_path("transformer_video_forward.safetensors"));
     const at::Tensor mask = r.at("encoder_attention_mask");
     ASSERT_LT(mask.sum().item<int64_t>(), mask.numel()) << "the golden mask pads nothing";
     torch::NoGradGuard no_grad;
@@ -163,7 +165,7 @@ TEST(SanaVideoGolden, PaddedCaptionTokensDoNotReachTheOutput) {
 
 TEST(SanaVideoTransformer, GradientCheckpointingGivesTheSameGradients) {
     SF_REQUIRE_GOLDEN_VIDEO("transformer_video");
-    auto r = load_ref(ref("transformer_video_train_step.safetensors"));
+    auto r = load_ref(video_ref_path("transformer_video_train_step.safetensors"));
     auto grads_with = [&](int64_t every) {
         SanaVideoTransformer model = load_golden();
         model->train();
@@ -179,7 +181,7 @@ TEST(SanaVideoTransformer, GradientCheckpointingGivesTheSameGradients) {
     for (const auto& [name, grad] : plain) {
         expect_close(checkpointed.at(name), grad, 1e-5, 1e-7, "checkpointed grad." + name);
     }
-    expect_invalid([] { load_golden()->set_gradient_checkpointing(-1); }, "checkpointing");
+    expect_invalid_naming([] { load_golden()->set_gradient_checkpointing(-1); }, "checkpointing");
 }
 
 // Forward and backward of one window; returns the input's gradient and the peak counted bytes.
@@ -224,7 +226,7 @@ TEST(SanaVideoTransformer, ChunkedFeedForwardGivesTheSameGradientsWithLessMemory
         }
     }
     model->set_gradient_checkpointing(0);
-    expect_invalid([&] { model->set_feed_forward_chunk(-1); }, "feed-forward chunk");
+    expect_invalid_naming([&] { model->set_feed_forward_chunk(-1); }, "feed-forward chunk");
 }
 
 // The rotary linear self-attention over token chunks (rotary_relu_linear_attention): the plain
@@ -277,21 +279,24 @@ TEST(SanaVideoLinearAttention, TokenChunksEqualThePlainOpsWithALowerPeak) {
 TEST(SanaVideoLinearAttention, TheKernelRefusesBadArgumentsNamingThem) {
     using sf::model::rotary_relu_linear_attention;
     const at::Tensor x = torch::randn({2, 6, 8}), table = torch::randn({6, 2});
-    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 2, 0); }, "chunk");
-    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 3, 4); },
-                   "do not divide");
-    expect_invalid([&] { rotary_relu_linear_attention(x, x, x, table, table, 8, 4); }, "even");
-    expect_invalid(
+    expect_invalid_naming([&] { rotary_relu_linear_attention(x, x, x, table, table, 2, 0); },
+                          "chunk");
+    expect_invalid_naming([&] { rotary_relu_linear_attention(x, x, x, table, table, 3, 4); },
+                          "do not divide");
+    expect_invalid_naming([&] { rotary_relu_linear_attention(x, x, x, table, table, 8, 4); },
+                          "even");
+    expect_invalid_naming(
         [&] { rotary_relu_linear_attention(x, x.narrow(1, 0, 5), x, table, table, 2, 4); },
         "alike");
-    expect_invalid(
+    expect_invalid_naming(
         [&] { rotary_relu_linear_attention(x, x, x, table.narrow(0, 0, 5), table, 2, 4); },
         "cos and sin");
-    expect_invalid(
+    expect_invalid_naming(
         [&] { rotary_relu_linear_attention(x, x, x, table, table.to(at::kDouble), 2, 4); },
         "cos and sin");
-    expect_invalid([&] { rotary_relu_linear_attention(x, x, x.to(at::kLong), table, table, 2, 4); },
-                   "floating");
+    expect_invalid_naming(
+        [&] { rotary_relu_linear_attention(x, x, x.to(at::kLong), table, table, 2, 4); },
+        "floating");
 }
 
 TEST(SanaVideoTransformer, RefusesBadInputsNamingThem) {
@@ -301,14 +306,18 @@ TEST(SanaVideoTransformer, RefusesBadInputsNamingThem) {
     const at::Tensor x = torch::randn({2, 8, 3, 8, 10});
     const at::Tensor caption = torch::randn({2, 7, 24});
     const at::Tensor t = torch::full({2}, 500.0);
-    expect_invalid([&] { model(torch::randn({2, 8, 8, 10}), caption, t); }, "hidden_states");
-    expect_invalid([&] { model(torch::randn({2, 8, 3, 7, 10}), caption, t); }, "patch_size");
-    expect_invalid([&] { model(x, torch::randn({2, 7, 23}), t); }, "encoder_hidden_states");
-    expect_invalid([&] { model(x, caption, torch::full({3}, 1.0)); }, "timestep");
-    expect_invalid([&] { model(x, caption, torch::full({2, 4}, 1.0)); }, "per latent frame");
-    expect_invalid([&] { model(x, caption, t, torch::ones({2, 6})); }, "encoder_attention_mask");
-    expect_invalid([&] { model->forward_guided(x, caption, t, {}, torch::full({2}, 4.0)); },
-                   "guidance_embeds");
+    expect_invalid_naming([&] { model(torch::randn({2, 8, 8, 10}), caption, t); }, "hidden_states");
+    expect_invalid_naming([&] { model(torch::randn({2, 8, 3, 7, 10}), caption, t); }, "patch_size");
+    expect_invalid_naming([&] { model(x, torch::randn({2, 7, 23}), t); }, "encoder_hidden_states");
+    expect_invalid_naming([&] { model(x, caption, torch::full({3}, 1.0)); }, "timestep");
+    expect_invalid_naming([&] { model(x, caption, torch::full({2, 4}, 1.0)); }, "per latent frame");
+    expect_invalid_naming(
+        [&] {
+            model(x, caption, t, torch::ones({2, 6}));
+        },
+        "encoder_attention_mask");
+    expect_invalid_naming([&] { model->forward_guided(x, caption, t, {}, torch::full({2}, 4.0)); },
+                          "guidance_embeds");
 }
 
 TEST(SanaVideoTransformer, GuidanceEmbedderHasUpstreamKeysAndChangesTheOutput) {
@@ -330,7 +339,7 @@ TEST(SanaVideoTransformer, GuidanceEmbedderHasUpstreamKeysAndChangesTheOutput) {
     const at::Tensor a = model->forward_guided(x, caption, t, {}, torch::full({1}, 1.0));
     const at::Tensor b = model->forward_guided(x, caption, t, {}, torch::full({1}, 8.0));
     EXPECT_FALSE(torch::allclose(a, b, 1e-4, 1e-4));
-    expect_invalid([&] { model(x, caption, t); }, "guidance");
+    expect_invalid_naming([&] { model(x, caption, t); }, "guidance");
 }
 
 TEST(SanaVideoConfig, ReadsTheGoldenConfigAndRoundTrips) {
@@ -345,23 +354,25 @@ TEST(SanaVideoConfig, ReadsTheGoldenConfigAndRoundTrips) {
 }
 
 TEST(SanaVideoConfig, RefusesBadFieldsNamingThem) {
-    expect_invalid([] { SanaVideoTransformerConfig::from_json(R"({"patch_size": [1, 2]})", "c"); },
-                   "patch_size");
-    expect_invalid([] { SanaVideoTransformerConfig::from_json(R"({"patch_size": 2})", "c"); },
-                   "patch_size");
-    expect_invalid(
+    expect_invalid_naming(
+        [] { SanaVideoTransformerConfig::from_json(R"({"patch_size": [1, 2]})", "c"); },
+        "patch_size");
+    expect_invalid_naming(
+        [] { SanaVideoTransformerConfig::from_json(R"({"patch_size": 2})", "c"); }, "patch_size");
+    expect_invalid_naming(
         [] { SanaVideoTransformerConfig::from_json(R"({"qk_norm": "layer_norm"})", "c"); },
         "qk_norm");
-    expect_invalid(
+    expect_invalid_naming(
         [] { SanaVideoTransformerConfig::from_json(R"({"cross_attention_dim": 64})", "c"); },
         "cross_attention_dim");
-    expect_invalid(
+    expect_invalid_naming(
         [] {
             SanaVideoTransformerConfig::from_json(R"({"_class_name": "SanaTransformer2DModel"})",
                                                   "c");
         },
         "SanaTransformer2DModel");
-    expect_invalid([] { SanaVideoTransformerConfig::named("sana-video-9b"); }, "sana-video-tiny");
+    expect_invalid_naming([] { SanaVideoTransformerConfig::named("sana-video-9b"); },
+                          "sana-video-tiny");
 }
 
 TEST(SanaVideoConfig, ParameterCountEqualsTheModuleForEveryVariant) {

@@ -24,41 +24,33 @@ using sf::model::WanEncodeSession;
 using sf::model::WanTiling;
 using sf::model::WanVAEConfig;
 
-constexpr double kRtol = 1e-4, kAtol = 1e-5;  // the golden README's fp32 latent tolerances
-constexpr double kDecodedAtol = 5e-5;         // decoded video: a deep stack of 3-D convolutions
+using sf::test::kForwardAtol;
+using sf::test::kForwardRtol;
+constexpr double kDecodedAtol = 5e-5;  // decoded video: a deep stack of 3-D convolutions
 
-std::string vae_dir() { return sf::test::golden_video_path("vae_wan"); }
-std::string ref(const std::string& file) { return sf::test::golden_video_path("refs/" + file); }
+std::string wan_dir() { return sf::test::golden_video_path("vae_wan"); }
+using sf::test::video_ref_path;
 
 AutoencoderKLWan golden_vae(bool with_decoder = true) {
-    return sf::model::load_autoencoder_kl_wan(vae_dir(), with_decoder);
+    return sf::model::load_autoencoder_kl_wan(wan_dir(), with_decoder);
 }
 
-void expect_invalid(const std::function<void()>& f, const std::vector<std::string>& needles) {
-    try {
-        f();
-        ADD_FAILURE() << "no error";
-    } catch (const sf::Error& e) {
-        EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument) << e.what();
-        for (const auto& n : needles) {
-            EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-                << "'" << n << "' not in: " << e.what();
-        }
-    }
-}
+using sf::test::expect_invalid;
 
 void check_golden(const std::string& file, const std::string& tag) {
     torch::NoGradGuard no_grad;
     auto vae = golden_vae();
-    auto r = sf::test::load_ref(ref(file));
+    auto r = sf::test::load_ref(video_ref_path(file));
     const torch::Tensor params = vae->encode(r.at("video"));
-    sf::test::expect_close(params, r.at("latent_params"), kRtol, kAtol, tag + " latent_params");
+    sf::test::expect_close(params, r.at("latent_params"), kForwardRtol, kForwardAtol,
+                           tag + " latent_params");
     const torch::Tensor mean = vae->posterior_mean(params);
-    sf::test::expect_close(mean, r.at("latent_mean"), kRtol, kAtol, tag + " latent_mean");
-    sf::test::expect_close(vae->posterior_logvar(params), r.at("latent_logvar"), kRtol, kAtol,
-                           tag + " latent_logvar");
-    sf::test::expect_close(vae->normalize_latent(mean), r.at("latent_normalized"), kRtol, kAtol,
-                           tag + " latent_normalized");
+    sf::test::expect_close(mean, r.at("latent_mean"), kForwardRtol, kForwardAtol,
+                           tag + " latent_mean");
+    sf::test::expect_close(vae->posterior_logvar(params), r.at("latent_logvar"), kForwardRtol,
+                           kForwardAtol, tag + " latent_logvar");
+    sf::test::expect_close(vae->normalize_latent(mean), r.at("latent_normalized"), kForwardRtol,
+                           kForwardAtol, tag + " latent_normalized");
     // Decoded from upstream's mean, so the decoder is checked on its own.
     sf::test::expect_close(vae->decode(r.at("latent_mean"), /*clamp=*/false),
                            r.at("decoded_unclamped"), 0.0, kDecodedAtol,
@@ -80,7 +72,7 @@ TEST(WanVAEGolden, AnImageIsAOneFrameVideo) {
 TEST(WanVAEGolden, NormalisationRoundTripsAndUsesTheConfigLists) {
     SF_REQUIRE_GOLDEN_VIDEO("vae_wan");
     auto vae = golden_vae();
-    auto r = sf::test::load_ref(ref("vae_wan_encode_decode.safetensors"));
+    auto r = sf::test::load_ref(video_ref_path("vae_wan_encode_decode.safetensors"));
     const auto& c = vae->config();
     for (int64_t i = 0; i < c.z_dim; ++i) {
         EXPECT_FLOAT_EQ(r.at("latents_mean")[i].item<float>(),
@@ -111,7 +103,8 @@ TEST(WanVAE, EncodingIsCausalAPrefixGivesAPrefixOfTheLatents) {
     SF_REQUIRE_GOLDEN_VIDEO("vae_wan");
     torch::NoGradGuard no_grad;
     auto vae = golden_vae(false);
-    auto video = sf::test::load_ref(ref("vae_wan_encode_decode.safetensors")).at("video");
+    auto video =
+        sf::test::load_ref(video_ref_path("vae_wan_encode_decode.safetensors")).at("video");
     const auto all = vae->encode(video);
     ASSERT_EQ(all.size(2), 3);
     EXPECT_TRUE(torch::equal(vae->encode(video.slice(2, 0, 1)), all.slice(2, 0, 1)));
@@ -262,7 +255,7 @@ TEST(WanVAE, TiledDecodeIsTheTilesBlendedAsUpstreamWithATilesMemory) {
 
 TEST(WanVAEConfig, TheGoldenConfigFileIsTheNamedTinyConfig) {
     SF_REQUIRE_GOLDEN_VIDEO("vae_wan");
-    const auto c = WanVAEConfig::from_json_file(vae_dir());
+    const auto c = WanVAEConfig::from_json_file(wan_dir());
     EXPECT_EQ(c, WanVAEConfig::named("wan-vae-tiny"));
     EXPECT_EQ(c.spatial_compression_ratio(), 8);
     EXPECT_EQ(c.temporal_compression_ratio(), 4);
@@ -313,7 +306,7 @@ TEST(WanVAE, AnalyticParameterCountEqualsTheModules) {
                   sf::model::parameter_count(*encoder_only));
     }
     // Every tensor of the golden checkpoint is a parameter: its element count is the count.
-    const auto checkpoint = sf::storage::SafetensorsCheckpoint::open(vae_dir());
+    const auto checkpoint = sf::storage::SafetensorsCheckpoint::open(wan_dir());
     int64_t stored = 0;
     for (const auto& name : checkpoint.names()) {
         int64_t n = 1;

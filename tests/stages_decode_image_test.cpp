@@ -24,11 +24,7 @@
 namespace sf::stages {
 namespace {
 
-std::string encode(const std::string& ext, const cv::Mat& image, std::vector<int> params = {}) {
-    std::vector<uchar> buffer;
-    EXPECT_TRUE(cv::imencode(ext, image, buffer, params)) << ext;
-    return {buffer.begin(), buffer.end()};
-}
+using sf::test::encode_image;
 
 DecodeImageStage stage(int resolution = 512, int min_side = 16, bool uint8 = false) {
     DecodeImageConfig config;
@@ -81,7 +77,7 @@ TEST(DecodeImage, SquareImageFillsTheSquareBucketWithFullRange) {
     // Left half black, right half white: a lossless PNG keeps both ends of the range.
     cv::Mat image(1024, 1024, CV_8UC3, cv::Scalar(0, 0, 0));
     image(cv::Rect(512, 0, 512, 1024)).setTo(cv::Scalar(255, 255, 255));
-    const DecodedImage d = stage(1024).run_bytes(encode(".png", image), "square.png");
+    const DecodedImage d = stage(1024).run_bytes(encode_image(".png", image), "square.png");
     EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 1024, 1024}));
     EXPECT_EQ(d.pixels.scalar_type(), at::kFloat);
     EXPECT_TRUE(d.pixels.is_contiguous());
@@ -96,7 +92,7 @@ TEST(DecodeImage, SquareImageFillsTheSquareBucketWithFullRange) {
 
 TEST(DecodeImage, PortraitGoesToItsBucketAndShapeEqualsBucket) {
     cv::Mat image(800, 600, CV_8UC3, cv::Scalar(40, 80, 120));  // 3:4 portrait
-    const DecodedImage d = stage(512).run_bytes(encode(".png", image), "portrait.png");
+    const DecodedImage d = stage(512).run_bytes(encode_image(".png", image), "portrait.png");
     EXPECT_EQ(d.bucket_ratio, "1.29");
     EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 576, 448}));
     EXPECT_EQ(d.orig_h, 800);
@@ -106,18 +102,18 @@ TEST(DecodeImage, PortraitGoesToItsBucketAndShapeEqualsBucket) {
     EXPECT_NEAR(channel_mean(d, 2), 40 / 127.5 - 1, 1e-6);
 
     const DecodedImage wide = stage(1024, 16).run_bytes(
-        encode(".png", cv::Mat(50, 2000, CV_8UC3, cv::Scalar::all(9))), "wide.png");
+        encode_image(".png", cv::Mat(50, 2000, CV_8UC3, cv::Scalar::all(9))), "wide.png");
     EXPECT_EQ(wide.bucket_ratio, "0.25");
     EXPECT_EQ(wide.pixels.sizes(), (std::vector<int64_t>{3, 512, 2048}));
 }
 
 TEST(DecodeImage, ChannelsAreRGB) {
     cv::Mat red(64, 64, CV_8UC3, cv::Scalar(0, 0, 255));  // OpenCV is BGR
-    const DecodedImage d = stage().run_bytes(encode(".png", red), "red.png");
+    const DecodedImage d = stage().run_bytes(encode_image(".png", red), "red.png");
     EXPECT_EQ(channel_mean(d, 0), 1.0);
     EXPECT_EQ(channel_mean(d, 1), -1.0);
     EXPECT_EQ(channel_mean(d, 2), -1.0);
-    const DecodedImage u8 = stage(512, 16, true).run_bytes(encode(".png", red), "red.png");
+    const DecodedImage u8 = stage(512, 16, true).run_bytes(encode_image(".png", red), "red.png");
     EXPECT_EQ(u8.pixels.scalar_type(), at::kByte);
     EXPECT_EQ(u8.pixels[0].min().item<int>(), 255);
     EXPECT_EQ(u8.pixels[2].max().item<int>(), 0);
@@ -126,12 +122,12 @@ TEST(DecodeImage, ChannelsAreRGB) {
 TEST(DecodeImage, EveryFormatDecodes) {
     cv::Mat image(96, 128, CV_8UC3, cv::Scalar(200, 100, 50));
     const std::vector<std::pair<std::string, std::string>> files = {
-        {"jpeg", encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95})},
-        {"png", encode(".png", image)},
-        {"webp lossy", encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 90})},
-        {"webp lossless", encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
-        {"bmp", encode(".bmp", image)},
-        {"tiff", encode(".tif", image)},
+        {"jpeg", encode_image(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95})},
+        {"png", encode_image(".png", image)},
+        {"webp lossy", encode_image(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 90})},
+        {"webp lossless", encode_image(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
+        {"bmp", encode_image(".bmp", image)},
+        {"tiff", encode_image(".tif", image)},
     };
     for (const auto& [name, bytes] : files) {
         const DecodedImage d = stage().run_bytes(bytes, name);
@@ -147,7 +143,7 @@ TEST(DecodeImage, EveryFormatDecodes) {
 TEST(DecodeImage, GrayAndAlphaLayoutsBecomeRGBOnWhite) {
     // Gray: three equal channels.
     cv::Mat gray(64, 64, CV_8UC1, cv::Scalar(51));
-    DecodedImage d = stage().run_bytes(encode(".png", gray), "gray.png");
+    DecodedImage d = stage().run_bytes(encode_image(".png", gray), "gray.png");
     EXPECT_EQ(d.pixels.size(0), 3);
     for (int c = 0; c < 3; ++c) EXPECT_NEAR(channel_mean(d, c), 51 / 127.5 - 1, 1e-6);
 
@@ -163,7 +159,7 @@ TEST(DecodeImage, GrayAndAlphaLayoutsBecomeRGBOnWhite) {
     // RGBA: transparent black -> white; half-transparent red -> pink.
     cv::Mat rgba(64, 64, CV_8UC4, cv::Scalar(0, 0, 0, 0));
     rgba(cv::Rect(32, 0, 32, 64)).setTo(cv::Scalar(0, 0, 255, 128));
-    d = stage(512, 16, true).run_bytes(encode(".png", rgba), "rgba.png");
+    d = stage(512, 16, true).run_bytes(encode_image(".png", rgba), "rgba.png");
     EXPECT_EQ(d.pixels[0][10][5].item<int>(), 255);
     EXPECT_EQ(d.pixels[2][10][5].item<int>(), 255);
     EXPECT_EQ(d.pixels[0][10][500].item<int>(), 255);  // 255*128/255 + 255*127/255
@@ -172,7 +168,7 @@ TEST(DecodeImage, GrayAndAlphaLayoutsBecomeRGBOnWhite) {
     // 16-bit PNG and TIFF: 257 * v -> v.
     cv::Mat deep(64, 64, CV_16UC3, cv::Scalar(257 * 10, 257 * 128, 65535));
     for (const std::string ext : {".png", ".tif"}) {
-        d = stage(512, 16, true).run_bytes(encode(ext, deep), "deep" + ext);
+        d = stage(512, 16, true).run_bytes(encode_image(ext, deep), "deep" + ext);
         EXPECT_EQ(d.pixels[0].min().item<int>(), 255) << ext;
         EXPECT_EQ(d.pixels[1].max().item<int>(), 128) << ext;
         EXPECT_EQ(d.pixels[2].max().item<int>(), 10) << ext;
@@ -201,7 +197,7 @@ TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
     cv::Mat image(576, 448, CV_8UC3, cv::Scalar(255, 0, 0));          // blue
     image(cv::Rect(0, 0, 100, 150)).setTo(cv::Scalar(0, 0, 255));     // red top-left corner
     image(cv::Rect(300, 500, 100, 50)).setTo(cv::Scalar(0, 255, 0));  // green near bottom-right
-    const std::string plain = encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 100});
+    const std::string plain = encode_image(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 100});
     const DecodeImageStage s = stage(512, 16, true);
     for (int o = 1; o <= 8; ++o) {
         const std::string bytes = test::with_exif_orientation(plain, o, o % 2 == 0);
@@ -236,7 +232,7 @@ TEST(DecodeImage, ExifOrientationMatchesOpenCVForAllEight) {
 // which the stage needs to see alpha and 16 bits.
 TEST(DecodeImage, OpenCVIgnoresExifUnderUnchanged) {
     const std::string bytes = test::with_exif_orientation(
-        encode(".jpg", cv::Mat(30, 40, CV_8UC3, cv::Scalar::all(0))), 6);
+        encode_image(".jpg", cv::Mat(30, 40, CV_8UC3, cv::Scalar::all(0))), 6);
     const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
     EXPECT_EQ(cv::imdecode(buffer, cv::IMREAD_UNCHANGED).size(), cv::Size(40, 30));
     EXPECT_EQ(cv::imdecode(buffer, cv::IMREAD_COLOR).size(), cv::Size(30, 40));
@@ -254,8 +250,8 @@ TEST(DecodeImage, PNGAndWebPExifOrientationIsApplied) {
     EXPECT_EQ(d.bucket_ratio, "0.72");
 
     // OpenCV's lossless WebP is a plain "VP8L" file; rewrap it as VP8X + VP8L + EXIF.
-    const std::string simple = encode(".webp", cv::Mat(40, 30, CV_8UC3, cv::Scalar::all(90)),
-                                      {cv::IMWRITE_WEBP_QUALITY, 101});
+    const std::string simple = encode_image(".webp", cv::Mat(40, 30, CV_8UC3, cv::Scalar::all(90)),
+                                            {cv::IMWRITE_WEBP_QUALITY, 101});
     auto le = [](uint32_t v, int n) {
         std::string out;
         for (int i = 0; i < n; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -323,7 +319,7 @@ TEST(DecodeImage, ReducedJpegDecodeMatchesFullDecode) {
     }
     cv::circle(image, {600, 500}, 300, cv::Scalar(0, 0, 255), cv::FILLED);
     cv::GaussianBlur(image, image, cv::Size(0, 0), 6);  // no edge sharper than the bucket
-    const std::string plain = encode(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95});
+    const std::string plain = encode_image(".jpg", image, {cv::IMWRITE_JPEG_QUALITY, 95});
     DecodeImageConfig config;
     config.resolution = 512;
     config.output_uint8 = true;
@@ -370,16 +366,16 @@ TEST(DecodeImage, RejectsNameTheFileAndTheReason) {
     cv::Mat image(300, 400, CV_8UC3);
     cv::randu(image, 0, 255);
     for (const std::string ext : {".jpg", ".png", ".webp", ".bmp", ".tif"}) {
-        const std::string bytes = encode(ext, image);
+        const std::string bytes = encode_image(ext, image);
         const std::string reason = reject_reason(s, bytes.substr(0, bytes.size() * 2 / 3), ext);
         EXPECT_EQ(reason.rfind(ext + ": truncated or corrupt image data", 0), 0u) << reason;
     }
     // Damage inside a PNG's compressed data: the structure is whole, libpng's CRC check fails.
-    std::string png = encode(".png", image);
+    std::string png = encode_image(".png", image);
     png[png.size() / 2] ^= 0x55;
     EXPECT_NE(reject_reason(s, png).find("truncated or corrupt image data"), std::string::npos);
 
-    EXPECT_EQ(reject_reason(s, encode(".png", cv::Mat(80, 100, CV_8UC3, cv::Scalar::all(0))),
+    EXPECT_EQ(reject_reason(s, encode_image(".png", cv::Mat(80, 100, CV_8UC3, cv::Scalar::all(0))),
                             "small.png"),
               "small.png: image too small: 100x80, minimum side is 256");
 }
@@ -419,7 +415,7 @@ TEST(DecodeImage, UnicodePathAndConcurrentCalls) {
     test::TempDir dir;
     const std::string path = dir.file("café_日本_🐱.png");
     cv::Mat image(300, 260, CV_8UC3, cv::Scalar(10, 20, 30));
-    test::write_file(path, encode(".png", image));
+    test::write_file(path, encode_image(".png", image));
     const DecodeImageStage s = stage(512, 256);
     const DecodedImage one = s.run(path);
     EXPECT_EQ(one.orig_h, 300);
@@ -432,7 +428,7 @@ TEST(DecodeImage, UnicodePathAndConcurrentCalls) {
 }
 
 TEST(DecodeImage, ReusedBufferIsFilledInPlace) {
-    const std::string png = encode(".png", cv::Mat(300, 400, CV_8UC3, cv::Scalar(0, 0, 255)));
+    const std::string png = encode_image(".png", cv::Mat(300, 400, CV_8UC3, cv::Scalar(0, 0, 255)));
     const DecodeImageStage s = stage(512);
     const DecodedImage fresh = s.run_bytes(png, "fresh");
     at::Tensor buffer = at::empty({3, 600, 600}, at::kFloat);  // any shape with enough room
@@ -471,7 +467,7 @@ TEST(DecodeImage, CenterCropMakesOneSquareOfAnyImage) {
     // A wide image: black left third, white middle third, black right third.
     cv::Mat image(300, 900, CV_8UC3, cv::Scalar::all(0));
     image(cv::Rect(300, 0, 300, 300)).setTo(cv::Scalar::all(255));
-    const DecodedImage d = square.run_bytes(encode(".png", image), "wide.png");
+    const DecodedImage d = square.run_bytes(encode_image(".png", image), "wide.png");
     EXPECT_EQ(d.pixels.sizes(), (std::vector<int64_t>{3, 384, 384}));
     EXPECT_EQ(d.bucket_ratio, "1.0");
     // The center crop is the white third alone.
@@ -497,7 +493,7 @@ TEST(DecodeImage, RandomFlipMirrorsHalfTheImagesByTheirBytes) {
     for (int i = 0; i < 16; ++i) {
         cv::Mat image(256, 256, CV_8UC3, cv::Scalar::all(0));
         image(cv::Rect(0, 0, 40 + i, 256)).setTo(cv::Scalar(200, 100, i));  // a left-side band
-        const std::string bytes = encode(".png", image);
+        const std::string bytes = encode_image(".png", image);
         const at::Tensor a = plain.run_bytes(bytes, "a.png").pixels;
         const at::Tensor b = flipping.run_bytes(bytes, "a.png").pixels;
         EXPECT_TRUE(at::equal(flipping.run_bytes(bytes, "again.png").pixels, b)) << "by bytes";

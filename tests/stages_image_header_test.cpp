@@ -88,11 +88,7 @@ TEST(ImageHeader, TiffOrientationTagIsRead) {
 
 #if defined(SANAFLOW_WITH_MEDIA)
 
-std::string encode(const std::string& ext, const cv::Mat& image, std::vector<int> params = {}) {
-    std::vector<uchar> buffer;
-    EXPECT_TRUE(cv::imencode(ext, image, buffer, params)) << ext;
-    return {buffer.begin(), buffer.end()};
-}
+using sf::test::encode_image;
 
 cv::Mat noise_image(int rows, int cols, int type = CV_8UC3) {
     cv::Mat image(rows, cols, type);
@@ -109,18 +105,20 @@ struct Encoded {
 std::vector<Encoded> every_format(int rows, int cols) {
     const cv::Mat image = noise_image(rows, cols);
     return {
-        {".jpg", ImageFormat::kJPEG, encode(".jpg", image)},
+        {".jpg", ImageFormat::kJPEG, encode_image(".jpg", image)},
         {".jpg (progressive)", ImageFormat::kJPEG,
-         encode(".jpg", image, {cv::IMWRITE_JPEG_PROGRESSIVE, 1})},
-        {".png", ImageFormat::kPNG, encode(".png", image)},
+         encode_image(".jpg", image, {cv::IMWRITE_JPEG_PROGRESSIVE, 1})},
+        {".png", ImageFormat::kPNG, encode_image(".png", image)},
         {".webp (lossy)", ImageFormat::kWebP,
-         encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 80})},
+         encode_image(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 80})},
         {".webp (lossless)", ImageFormat::kWebP,
-         encode(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
-        {".webp (alpha)", ImageFormat::kWebP, encode(".webp", noise_image(rows, cols, CV_8UC4))},
-        {".bmp", ImageFormat::kBMP, encode(".bmp", image)},
-        {".tif", ImageFormat::kTIFF, encode(".tif", image)},
-        {".tif (16-bit)", ImageFormat::kTIFF, encode(".tif", noise_image(rows, cols, CV_16UC3))},
+         encode_image(".webp", image, {cv::IMWRITE_WEBP_QUALITY, 101})},
+        {".webp (alpha)", ImageFormat::kWebP,
+         encode_image(".webp", noise_image(rows, cols, CV_8UC4))},
+        {".bmp", ImageFormat::kBMP, encode_image(".bmp", image)},
+        {".tif", ImageFormat::kTIFF, encode_image(".tif", image)},
+        {".tif (16-bit)", ImageFormat::kTIFF,
+         encode_image(".tif", noise_image(rows, cols, CV_16UC3))},
     };
 }
 
@@ -149,7 +147,7 @@ TEST(ImageHeader, CutFilesAreNeverReportedWhole) {
 }
 
 TEST(ImageHeader, JPEGOrientationFromAPP1AndEmbeddedEOIInThumbnailIsSkipped) {
-    const std::string jpeg = encode(".jpg", noise_image(16, 24));
+    const std::string jpeg = encode_image(".jpg", noise_image(16, 24));
     const ImageHeader h = read(test::with_exif_orientation(jpeg, 6, true));
     EXPECT_EQ(h.orientation, 6);
     EXPECT_EQ(h.width, 24);

@@ -121,3 +121,20 @@ inline std::string make_tiff(uint32_t width, uint32_t height, const std::string&
 }
 
 }  // namespace sf::test
+
+#if defined(SANAFLOW_WITH_MEDIA)
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+namespace sf::test {
+
+// `image` encoded by OpenCV as `ext` (".jpg", ".png", ...) with its parameters.
+inline std::string encode_image(const std::string& ext, const cv::Mat& image,
+                                std::vector<int> params = {}) {
+    std::vector<uchar> buffer;
+    EXPECT_TRUE(cv::imencode(ext, image, buffer, params)) << ext;
+    return {buffer.begin(), buffer.end()};
+}
+
+}  // namespace sf::test
+#endif

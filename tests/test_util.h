@@ -18,6 +18,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -31,6 +32,21 @@ inline std::string error_of(const std::function<void()>& f) {
         return e.what();
     }
     return "(no error)";
+}
+
+// `f` must throw an sf::Error of kInvalidArgument whose message contains each of `needles`.
+inline void expect_invalid(const std::function<void()>& f,
+                           const std::vector<std::string>& needles) {
+    try {
+        f();
+        ADD_FAILURE() << "no error";
+    } catch (const sf::Error& e) {
+        EXPECT_EQ(e.code(), sf::ErrorCode::kInvalidArgument) << e.what();
+        for (const auto& n : needles) {
+            EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+                << "'" << n << "' not in: " << e.what();
+        }
+    }
 }
 
 // `f` must throw an sf::Error of `code` whose message contains `text`.
