@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -22,8 +23,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::string kZeroDigest(32, '0');
-
-std::string errno_text(int err) { return std::generic_category().message(err); }
 
 bool is_hex_digest(const std::string& s) {
     if (s.size() != 32) return false;
@@ -87,12 +86,12 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, ChecksumPolicy po
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) {
         int err = errno;
-        std::string text = "opening safetensors file " + path + ": " + errno_text(err);
+        std::string text = "opening safetensors file " + path + ": " + std::strerror(err);
         throw err == ENOENT ? Error::NotFound(text) : Error::IOError(text);
     }
     struct stat st;
     if (::fstat(fd.get(), &st) != 0)
-        throw Error::IOError("stat of " + path + ": " + errno_text(errno));
+        throw Error::IOError("stat of " + path + ": " + std::strerror(errno));
     SafetensorsFile file;
     file.path_ = path;
     file.mapping_ = std::make_unique<Mapping>();
@@ -102,7 +101,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, ChecksumPolicy po
                                 " bytes, shorter than the 8-byte header length");
     }
     void* addr = ::mmap(nullptr, file.mapping_->size, PROT_READ, MAP_SHARED, fd.get(), 0);
-    if (addr == MAP_FAILED) throw Error::IOError("mapping " + path + ": " + errno_text(errno));
+    if (addr == MAP_FAILED) throw Error::IOError("mapping " + path + ": " + std::strerror(errno));
     file.mapping_->addr = addr;
 
     std::string_view bytes = file.mapping_->bytes();

@@ -281,7 +281,7 @@ void write_summary(const TrainOptions& o, const TrainReport& report) {
                                summary.dump(2));
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
+double elapsed_seconds(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -426,7 +426,7 @@ void run_steps(const TrainOptions& o, const training::RunData& data, training::S
         report.losses.push_back(r.loss);
         snapshot.after_step(r.step, o.max_train_steps);
         progress.advance(1);
-        sinks.write(step_metrics(r, seconds_since(start), samples, trainer.phase_peaks()));
+        sinks.write(step_metrics(r, elapsed_seconds(start), samples, trainer.phase_peaks()));
         if (r.step % o.log_every == 0 || r.step == o.max_train_steps || r.skipped) {
             log_info(
                 "train: step {}/{} loss {:.5f} lr {:.3g}{}{}{}", r.step, o.max_train_steps, r.loss,
@@ -565,7 +565,7 @@ TrainReport train_loop(const TrainOptions& o, const storage::Cache& cache,
     report.steps = trainer.steps_done();
     report.skipped_steps = trainer.scaler().skipped_steps();
     if (writes) write_summary(o, report);
-    report.seconds = seconds_since(t0);
+    report.seconds = elapsed_seconds(t0);
     report.phase_table = trainer.phase_table();
     report.memory_marks = memlog.table();
     return report;

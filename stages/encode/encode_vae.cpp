@@ -17,12 +17,12 @@ namespace sf::stages {
 namespace {
 
 namespace schema = storage::schema;
-constexpr const char* kStage = schema::kEncodeVAEStage;
+constexpr const char* kVaeStage = schema::kEncodeVAEStage;
 
 class DCAESession final : public EncodeVAEStage::Session {
 public:
     DCAESession(const EncodeVAEConfig& config, c10::Device device, c10::ScalarType dtype)
-        : device_(device), dtype_(dtype), tile_above_(config.tile_above), model_(kStage, [&] {
+        : device_(device), dtype_(dtype), tile_above_(config.tile_above), model_(kVaeStage, [&] {
               model::LoadOptions options;
               options.dtype = dtype;
               model::AutoencoderDC m{nullptr};
@@ -86,7 +86,7 @@ EncodeVAEStage::EncodeVAEStage(EncodeVAEConfig config) : config_(std::move(confi
     if (!config_.model.is_pretrained())
         model::AutoencoderDCConfig::named(config_.model.builtin);  // validates the name
     fingerprint_ = {
-        {"stage", kStage},           {"weights", weights_fingerprint(config_.model, "vae")},
+        {"stage", kVaeStage},        {"weights", weights_fingerprint(config_.model, "vae")},
         {"dtype", dtype_tag(dtype)}, {"tile_above", std::to_string(config_.tile_above)},
         {"latent", "scaled"},
     };
@@ -107,7 +107,7 @@ storage::Record EncodeVAEStage::record(const at::Tensor& latent, const std::stri
     r.metadata[schema::kSource] = source;
     r.metadata[schema::kBucket] = bucket.name();
     r.metadata[schema::kDType] = dtype_tag(latent.scalar_type());
-    r.metadata[schema::kStage] = kStage;
+    r.metadata[schema::kStage] = kVaeStage;
     r.metadata[schema::kLatentForm] = schema::kLatentScaled;
     r.metadata[schema::kFingerprint] = fingerprint_hash_;
     return r;

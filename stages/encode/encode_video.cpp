@@ -16,14 +16,14 @@ namespace sf::stages {
 namespace {
 
 namespace schema = storage::schema;
-constexpr const char* kStage = schema::kEncodeVideoVAEStage;
+constexpr const char* kVideoStage = schema::kEncodeVideoVAEStage;
 
 model::WanTiling tiling() { return {}; }  // upstream's 256-px tiles at 192-px steps
 
 class WanSession final : public EncodeVideoStage::Session {
 public:
     WanSession(const EncodeVideoConfig& config, c10::Device device, c10::ScalarType dtype)
-        : device_(device), dtype_(dtype), tile_above_(config.tile_above), model_(kStage, [&] {
+        : device_(device), dtype_(dtype), tile_above_(config.tile_above), model_(kVideoStage, [&] {
               model::LoadOptions options;
               options.dtype = dtype;
               model::AutoencoderKLWan m{nullptr};
@@ -111,7 +111,7 @@ EncodeVideoStage::EncodeVideoStage(EncodeVideoConfig config) : config_(std::move
         model::WanVAEConfig::named(config_.model.builtin);  // validates the name
     const model::WanTiling t = tiling();
     fingerprint_ = {
-        {"stage", kStage},
+        {"stage", kVideoStage},
         {"weights", weights_fingerprint(config_.model, "vae")},
         {"dtype", dtype_tag(dtype)},
         {"tile_above", std::to_string(config_.tile_above)},
@@ -139,7 +139,7 @@ storage::Record EncodeVideoStage::record(const at::Tensor& latent, const std::st
     r.metadata[schema::kBucket] = bucket.name();
     if (!frames.empty()) r.metadata[schema::kFrames] = frames;
     r.metadata[schema::kDType] = dtype_tag(latent.scalar_type());
-    r.metadata[schema::kStage] = kStage;
+    r.metadata[schema::kStage] = kVideoStage;
     r.metadata[schema::kLatentForm] = schema::kLatentNormalizedMean;
     r.metadata[schema::kFingerprint] = fingerprint_hash_;
     return r;

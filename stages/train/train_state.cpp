@@ -78,7 +78,7 @@ std::string file_checksum(const fs::path& path, uint64_t* bytes) {
     return hasher.hex();
 }
 
-Error corrupt(const std::string& where, const std::string& what) {
+Error corrupt_checkpoint(const std::string& where, const std::string& what) {
     return Error::Corruption(fmt::format("{}: {}", where, what));
 }
 
@@ -104,19 +104,22 @@ void verify(const fs::path& dir) {
         const std::string where = manifest_path.string();
         const auto files = parse_manifest_json(storage::read_file(where), where);
         for (const char* name : kFiles) {
-            if (!files.count(name)) throw corrupt(where, fmt::format("lists no {}", name));
+            if (!files.count(name))
+                throw corrupt_checkpoint(where, fmt::format("lists no {}", name));
         }
         for (const auto& entry : files) {  // the extras too
             const std::string& name = entry.first;
             if (name.find('/') != std::string::npos || name.empty() || name[0] == '.')
-                throw corrupt(where, fmt::format("lists a file outside the checkpoint: {}", name));
+                throw corrupt_checkpoint(
+                    where, fmt::format("lists a file outside the checkpoint: {}", name));
             uint64_t bytes = 0;
             const std::string got = file_checksum(dir / name, &bytes);
             if (bytes != entry.second.bytes || got != entry.second.xxh3_128) {
-                throw corrupt((dir / name).string(),
-                              fmt::format("{} bytes with checksum {}, the manifest says {} bytes "
-                                          "with {}",
-                                          bytes, got, entry.second.bytes, entry.second.xxh3_128));
+                throw corrupt_checkpoint(
+                    (dir / name).string(),
+                    fmt::format("{} bytes with checksum {}, the manifest says {} bytes "
+                                "with {}",
+                                bytes, got, entry.second.bytes, entry.second.xxh3_128));
             }
         }
     }
