@@ -434,67 +434,65 @@ TEST(TrainCli, BadLaunchVariablesAndPrepUnderALauncherAreRefusedNamingThem) {
     EXPECT_NE(log.find("shard-00001-of-00002 is missing"), std::string::npos) << log;
 }
 
-// Prior preservation under a launch: the ranks prep their shares of the class images (generated
-// by one process before: ranks do not generate them, and say so before any work) into shards of
-// OUTPUT_DIR/class_cache, and train on the pairs.
-TEST(TrainDataParallel, PriorPreservationUnderALaunchTrainsOnShardedClassImages) {
+// The names of the files in `dir` (class images are "<index>-<hash of the JPEG>.jpg").
+std::set<std::string> file_names(const std::string& dir) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+}
+
+// Prior preservation under a launch: the ranks generate the missing class images, each its share
+// (index i on rank i mod 2), the same images one process makes; then they prep their shares into
+// shards of OUTPUT_DIR/class_cache and train on the pairs.
+TEST(TrainDataParallel, PriorPreservationUnderALaunchGeneratesEachRanksShareOfTheClassImages) {
     TempDir tmp("sf_ddp_prior");
     sf::test::write_dataset(tmp.path() / "data", 0, 4);
-    auto args = [&](const std::string& classes, const std::string& out) {
-        return std::vector<std::string>{"sanaflow",
-                                        "train",
-                                        "--instance_data_dir",
-                                        tmp.file("data"),
-                                        "--instance_prompt",
-                                        "photo of sks pet",
-                                        "--with_prior_preservation",
-                                        "--class_data_dir",
-                                        tmp.file(classes),
-                                        "--class_prompt",
-                                        "photo of a pet",
-                                        "--num_class_images",
-                                        "4",
-                                        "--center_crop",
-                                        "--max_train_steps",
-                                        "2",
-                                        "--train_batch_size",
-                                        "1",
-                                        "--validation_inference_steps",
-                                        "2",
-                                        "--lr_warmup_steps",
-                                        "0",
-                                        "--report_to",
-                                        "none",
-                                        "--ddp_timeout",
-                                        "60",
-                                        "--output_dir",
-                                        tmp.file(out)};
+    auto args = [&](const std::string& classes, const std::string& out, int batch) {
+        return std::vector<std::string>{
+            "sanaflow", "train", "--instance_data_dir", tmp.file("data"), "--instance_prompt",
+            "photo of sks pet", "--with_prior_preservation", "--class_data_dir", tmp.file(classes),
+            "--class_prompt", "photo of a pet", "--num_class_images", "4",
+            // One image per batch, so that each is computed alike
+            // by one process and by the ranks, to the bit.
+            "--sample_batch_size", "1", "--center_crop", "--max_train_steps", "2",
+            "--train_batch_size", std::to_string(batch), "--validation_inference_steps", "2",
+            "--lr_warmup_steps", "0", "--report_to", "none", "--ddp_timeout", "60", "--output_dir",
+            tmp.file(out)};
     };
-    // Without the class images a launch stops on every rank, before any work.
-    const auto missing = run_ranks(2, args("none", "missing"), tmp.file("missing.log"));
-    for (int r = 0; r < 2; ++r) {
-        EXPECT_TRUE(WIFEXITED(missing[r]) && WEXITSTATUS(missing[r]) == 2) << r;
-        const std::string log = sf::test::read_file(tmp.file(fmt::format("missing.log.{}", r)));
-        EXPECT_NE(log.find("ranks do not generate them"), std::string::npos) << log;
-    }
-    EXPECT_FALSE(fs::exists(tmp.file("missing/cache")));
-    // One process makes them (global batch 2), then 2 ranks of 1 train on them.
-    std::vector<std::string> one = args("classes", "one");
-    one[std::find(one.begin(), one.end(), "--train_batch_size") - one.begin() + 1] = "2";
-    ASSERT_EQ(sf::test::wait_for(start_with(sf::test::kSanaflow, one, {}, tmp.file("one.log"))), 0)
+    // One process (global batch 2), then 2 ranks of 1 with an empty class folder.
+    ASSERT_EQ(sf::test::wait_for(start_with(sf::test::kSanaflow, args("classes_one", "one", 2), {},
+                                            tmp.file("one.log"))),
+              0)
         << sf::test::read_file(tmp.file("one.log"));
-    const auto status = run_ranks(2, args("classes", "many"), tmp.file("many.log"));
+    const auto status = run_ranks(2, args("classes_many", "many", 1), tmp.file("many.log"));
     for (int r = 0; r < 2; ++r)
         ASSERT_EQ(status[r], 0) << sf::test::read_file(tmp.file(fmt::format("many.log.{}", r)));
     const std::string log = sf::test::read_file(tmp.file("many.log.0"));
+    EXPECT_NE(log.find("generating 4 of \"photo of a pet\""), std::string::npos) << log;
+    EXPECT_NE(log.find("(2 ranks, 2 on this one)"), std::string::npos) << log;
+    const std::set<std::string> made = file_names(tmp.file("classes_many"));
+    EXPECT_EQ(made.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(std::count_if(
+                      made.begin(), made.end(),
+                      [&](const std::string& n) { return n.rfind(fmt::format("{}-", i), 0) == 0; }),
+                  1)
+            << "index " << i;
+    }
+    EXPECT_EQ(made, file_names(tmp.file("classes_one"))) << "the same JPEG bytes, so names";
     EXPECT_NE(log.find("4 class samples of 4 paired with 4 instance samples"), std::string::npos)
         << log;
-    EXPECT_EQ(log.find("generating"), std::string::npos) << log;
     for (int r = 0; r < 2; ++r) {
         EXPECT_TRUE(
             fs::is_directory(tmp.file(fmt::format("many/class_cache/shard-0000{}-of-00002", r))));
     }
     EXPECT_EQ(losses_in(tmp.file("many")).size(), 2u);
+    // Run again: every image is there, none is made.
+    const auto again = run_ranks(2, args("classes_many", "again", 1), tmp.file("again.log"));
+    for (int r = 0; r < 2; ++r)
+        ASSERT_EQ(again[r], 0) << sf::test::read_file(tmp.file(fmt::format("again.log.{}", r)));
+    EXPECT_EQ(sf::test::read_file(tmp.file("again.log.0")).find("generating"), std::string::npos);
+    EXPECT_EQ(file_names(tmp.file("classes_many")), made);
 }
 
 // Every record key of `db` in `cache_dir`.

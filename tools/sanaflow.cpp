@@ -112,28 +112,16 @@ void check_prior_flags(const TrainOptions& o, const TrainCommand& c, bool prep_f
     if (c.prep.vae_kind != "dc-ae")
         throw sf::Error::InvalidArgument(
             "--with_prior_preservation is for images (--vae dc-ae), not video latents");
-#if defined(SANAFLOW_WITH_MEDIA)
-    // Under a launcher the ranks prep their shares of the class images, but none generates them
-    // (the ranks are not joined before training).
-    const bool launched = sf::distributed::launch_env().distributed();
-    const int64_t found = launched ? sf::pipelines::count_class_images(k.class_data_dir) : 0;
-    if (launched && found < k.num_class_images) {
-        throw sf::Error::InvalidArgument(fmt::format(
-            "--with_prior_preservation under a data-parallel launch: --class_data_dir {} holds {} "
-            "of --num_class_images {} images, and ranks do not generate them; run the same "
-            "command once in one process to generate them (with --max_train_steps 1 and another "
-            "--output_dir: a launch's caches are sharded), then launch",
-            k.class_data_dir, found, k.num_class_images));
-    }
-#endif
 }
 
 #if defined(SANAFLOW_WITH_MEDIA)
 // The class images: the missing ones generated from the instance cache's class prompt, then all
-// of them prepped, captioned by --class_prompt, into OUTPUT_DIR/class_cache.
-void prep_class_images(TrainOptions& o, const TrainCommand& c, const PrepOptions& instances) {
+// of them prepped, captioned by --class_prompt, into OUTPUT_DIR/class_cache. Under a launch
+// (`ranks`) each rank makes its share and preps its shard.
+void prep_class_images(TrainOptions& o, const TrainCommand& c, const PrepOptions& instances,
+                       sf::distributed::World* ranks) {
     std::cout << "\n== class images in " << c.classes.class_data_dir << "\n";
-    sf::pipelines::generate_class_images(o, c.classes);
+    sf::pipelines::generate_class_images(o, c.classes, ranks);
     PrepOptions p = instances;
     p.instance_data_dir = c.classes.class_data_dir;
     p.manifest.clear();
@@ -148,7 +136,8 @@ void prep_class_images(TrainOptions& o, const TrainCommand& c, const PrepOptions
     o.num_class_images = c.classes.num_class_images;
 }
 #else
-void prep_class_images(TrainOptions&, const TrainCommand&, const PrepOptions&) {
+void prep_class_images(TrainOptions&, const TrainCommand&, const PrepOptions&,
+                       sf::distributed::World*) {
     throw sf::Error::InvalidArgument(
         "this sanaflow was built with SANAFLOW_WITH_MEDIA=OFF: class images need image writing");
 }
@@ -173,6 +162,9 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
          sf::distributed::per_rank_name(sf::mem::kTimelineFileName, sf::distributed::launch_env()))
             .string());
     check_prior_flags(o, c, prep_first);
+    // Under a launch the ranks join before training, or before the class images when they work
+    // on those together.
+    std::shared_ptr<sf::distributed::World> ranks;
     if (prep_first) {
         if (o.cache_dir.empty()) o.cache_dir = (fs::path(o.output_dir) / "cache").string();
         PrepOptions p = c.prep;
@@ -186,7 +178,10 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         if (c.with_prior_preservation) p.validation_prompts.push_back(c.classes.class_prompt);
         std::cout << "== prep into " << p.cache_dir << "\n";
         run_prep_command(p);
-        if (c.with_prior_preservation) prep_class_images(o, c, p);
+        if (c.with_prior_preservation) {
+            ranks = sf::pipelines::join_ranks(o);
+            prep_class_images(o, c, p, ranks.get());
+        }
         std::cout << "\n== train from " << o.cache_dir << "\n";
     } else if (o.cache_dir.empty()) {
         throw sf::Error::InvalidArgument(
@@ -196,7 +191,7 @@ int run_train_command(TrainOptions o, const TrainCommand& c) {
         sf::log_info(
             "train: --offload: training from a cache loads no encoder, so none is offloaded");
     }
-    const auto report = sf::pipelines::run_train(o);
+    const auto report = sf::pipelines::run_train(o, ranks);
     timeline.reset();
     if (sf::distributed::launch_env().rank > 0) return 0;  // rank 0 reports for every rank
     std::cout << report.summary();

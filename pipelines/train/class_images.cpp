@@ -21,11 +21,13 @@
 #include "model/common/diffusion_transformer.h"
 #include "pipelines/train/train_setup.h"
 #include "pipelines/train/validation.h"
+#include "stages/distributed/world.h"
 #include "stages/image/dataset.h"
 #include "stages/sample/decode_latents.h"
 #include "stages/sample/flow_sampler.h"
 #include "storage/atomic_file.h"
 #include "storage/cache.h"
+#include "storage/cache_shards.h"
 #include "storage/xxh3.h"
 
 namespace sf::pipelines {
@@ -129,6 +131,16 @@ std::map<train::Bucket, std::vector<int64_t>> plan_class_images(const train::Tra
     return by_bucket;
 }
 
+// A launch's rank's share of `by_bucket`: the indices i with i mod `size` == `rank`.
+std::map<train::Bucket, std::vector<int64_t>> share_of_rank(
+    const std::map<train::Bucket, std::vector<int64_t>>& by_bucket, int rank, int size) {
+    std::map<train::Bucket, std::vector<int64_t>> share;
+    for (const auto& [bucket, indices] : by_bucket)
+        for (const int64_t i : indices)
+            if (i % size == rank) share[bucket].push_back(i);
+    return share;
+}
+
 // The base transformer (no adapters) on the device for this only: each bucket's images sampled
 // --sample_batch_size at a time with `sampler`. Index -> latent [1, C, h, w] on the CPU.
 std::map<int64_t, at::Tensor> sample_class_latents(
@@ -210,7 +222,8 @@ int64_t count_class_images(const std::string& dir) {
     return static_cast<int64_t>(stages::scan_dataset(scan).samples.size());
 }
 
-ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c) {
+ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c,
+                                       distributed::World* ranks) {
     check_class_image_options(o, c);
     std::error_code ec;
     fs::create_directories(c.class_data_dir, ec);
@@ -219,14 +232,19 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
                                          c.class_data_dir, ec.message()));
     ClassImageReport report;
     report.found = count_class_images(c.class_data_dir);
+    // Every rank has counted before any writes: they agree on the indices that are missing.
+    if (ranks != nullptr) ranks->barrier("counting the class images");
     if (report.found >= c.num_class_images) {
         log_info("train: prior preservation: {} class images in {} (--num_class_images {})",
                  report.found, c.class_data_dir, c.num_class_images);
         return report;
     }
     const mem::Span span("train", "class images");
-    const storage::Cache cache = storage::Cache::open(o.cache_dir, /*create=*/false);
-    const train::TrainingSet set = train::TrainingSet::open(cache, o.skip_corrupt);
+    std::vector<storage::Cache> shards;  // the cache, or every shard of a sharded prep
+    for (const auto& dir : storage::cache_shard_dirs(o.cache_dir))
+        shards.push_back(storage::Cache::open(dir, /*create=*/false));
+    const storage::Cache& cache = shards.front();
+    const train::TrainingSet set = train::TrainingSet::open(shards, o.skip_corrupt);
     if (set.latent_rank() != 3) {
         throw Error::InvalidArgument(
             "--with_prior_preservation is for images (DC-AE latents): the cache " + o.cache_dir +
@@ -241,22 +259,33 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
     const stages::ModelSource vae = training::cache_vae(o, /*video=*/false);
     training::check_cache_vae(cache, vae, /*video=*/false, "--with_prior_preservation");
 
-    const std::map<train::Bucket, std::vector<int64_t>> by_bucket =
+    std::map<train::Bucket, std::vector<int64_t>> by_bucket =
         plan_class_images(set, report.found, c.num_class_images);
+    c10::Device device = resolve_device(o.device);
+    if (ranks != nullptr) {
+        by_bucket = share_of_rank(by_bucket, ranks->rank(), ranks->size());
+        if (device.is_cuda()) device = c10::Device(c10::kCUDA, ranks->env().local_rank);
+    }
+    int64_t mine = 0;
+    for (const auto& [bucket, indices] : by_bucket) mine += static_cast<int64_t>(indices.size());
     const sample::SamplerSpec sampler = training::validation_sampler(o);
     log_info(
         "train: prior preservation: {} class images in {}; generating {} of \"{}\" in {} steps of "
-        "{}",
+        "{}{}",
         report.found, c.class_data_dir, c.num_class_images - report.found, c.class_prompt,
-        o.validation_inference_steps, sample::describe(sampler));
-    const c10::Device device = resolve_device(o.device);
-    graph::Progress progress("class images", c.num_class_images - report.found);
-    const std::map<int64_t, at::Tensor> latents =
-        sample_class_latents(o, c, sampler, set, prompt, by_bucket, device, progress);
-    mem::release_memory("class images after sampling");
-    report.written = write_class_images(vae, device, latents, c.class_data_dir);
-    progress.finish();
-    mem::release_memory("class images end");
+        o.validation_inference_steps, sample::describe(sampler),
+        ranks != nullptr ? fmt::format(" ({} ranks, {} on this one)", ranks->size(), mine) : "");
+    if (mine > 0) {
+        graph::Progress progress("class images", mine);
+        const std::map<int64_t, at::Tensor> latents =
+            sample_class_latents(o, c, sampler, set, prompt, by_bucket, device, progress);
+        mem::release_memory("class images after sampling");
+        report.written = write_class_images(vae, device, latents, c.class_data_dir);
+        progress.finish();
+        mem::release_memory("class images end");
+    }
+    // Every image is on disk before any rank preps them.
+    if (ranks != nullptr) ranks->barrier("writing the class images");
     log_info("train: prior preservation: wrote {} class images to {}", report.written.size(),
              c.class_data_dir);
     return report;

@@ -23,6 +23,10 @@
 
 #include "pipelines/train/train.h"
 
+namespace sf::distributed {
+class World;
+}  // namespace sf::distributed
+
 namespace sf::pipelines {
 
 struct ClassImageOptions {
@@ -49,8 +53,13 @@ int64_t count_class_images(const std::string& dir);
 void check_class_image_options(const TrainOptions& o, const ClassImageOptions& c);
 
 // Generates what is missing, using `o`'s cache (the instance samples, with the class prompt's
-// features), model and device. kInvalidArgument naming the flag for bad options, a cache without
-// the class prompt or the empty prompt, or video latents.
-ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c);
+// features; every shard of a sharded prep), model and device. With `ranks` (a data-parallel
+// launch, train.h's join_ranks) every rank calls it: they count the images found, then each
+// makes the missing indices i with i mod N its rank (on cuda:LOCAL_RANK on CUDA), and each
+// returns when all are written; an image is the same whichever rank makes it. `written` is this
+// rank's. kInvalidArgument naming the flag for bad options, a cache without the class prompt or
+// the empty prompt, or video latents.
+ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOptions& c,
+                                       distributed::World* ranks = nullptr);
 
 }  // namespace sf::pipelines

@@ -594,6 +594,8 @@ std::string TrainReport::summary() const {
     return out;
 }
 
+namespace {
+
 // Under torchrun or Slurm (more than one rank): the other ranks joined through c10d, and this
 // rank's device (cuda:LOCAL_RANK on CUDA). One process: no reduction, the device as given.
 struct DataParallel {
@@ -602,31 +604,47 @@ struct DataParallel {
     int world_size = 1;
 };
 
-DataParallel join_data_parallel(const TrainOptions& o, c10::Device device) {
+DataParallel join_data_parallel(const TrainOptions& o, c10::Device device,
+                                std::shared_ptr<distributed::World> world) {
     const distributed::LaunchEnv env = distributed::launch_env();
     if (!env.distributed()) {
         if (o.shard_optimizer_state)
             log_info("train: --shard_optimizer_state has no effect in one process (no launcher)");
         return {nullptr, device, 1};
     }
-    if (o.auto_fit) {
-        throw Error::InvalidArgument(
-            "--auto_fit under a data-parallel launch: a step that runs out of memory on one rank "
-            "only cannot be retried on all of them yet; plan with sanaflow plan instead");
-    }
+    // Joined here, the ranks have all ended their prep (joining waits for every rank); joined
+    // before, each waits for the others' shards to be complete.
+    if (world)
+        world->barrier("the ranks' prep before training");
+    else
+        world = join_ranks(o);
     if (device.is_cuda()) device = c10::Device(c10::kCUDA, env.local_rank);
-    distributed::WorldOptions w;
-    w.backend = o.ddp_backend;
-    w.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.ddp_timeout * 1000));
-    auto world = std::make_shared<distributed::World>(env, w, device.is_cuda());
-    // Logs, metrics, validation and checkpoints are rank 0's; the others say only what is wrong.
-    if (env.rank > 0) set_log_level(std::max(log_level(), LogLevel::kWarn));
     if (o.shard_optimizer_state)
         return {std::make_shared<distributed::ShardedStateSync>(world), device, env.world_size};
     return {std::make_shared<distributed::DataParallelSync>(world), device, env.world_size};
 }
 
-TrainReport run_train(const TrainOptions& options) {
+}  // namespace
+
+std::shared_ptr<distributed::World> join_ranks(const TrainOptions& o) {
+    const distributed::LaunchEnv env = distributed::launch_env();
+    if (!env.distributed()) return nullptr;
+    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
+    if (o.auto_fit) {
+        throw Error::InvalidArgument(
+            "--auto_fit under a data-parallel launch: a step that runs out of memory on one rank "
+            "only cannot be retried on all of them yet; plan with sanaflow plan instead");
+    }
+    distributed::WorldOptions w;
+    w.backend = o.ddp_backend;
+    w.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.ddp_timeout * 1000));
+    auto world = std::make_shared<distributed::World>(env, w, resolve_device(o.device).is_cuda());
+    // Logs, metrics, validation and checkpoints are rank 0's; the others say only what is wrong.
+    if (env.rank > 0) set_log_level(std::max(log_level(), LogLevel::kWarn));
+    return world;
+}
+
+TrainReport run_train(const TrainOptions& options, std::shared_ptr<distributed::World> joined) {
     validate(options);
     const TrainOptions& o = options;  // until the samplers resolve the run's steps
     const auto t0 = std::chrono::steady_clock::now();
@@ -658,7 +676,7 @@ TrainReport run_train(const TrainOptions& options) {
     if (budget > 0 && !device.is_cpu() && !o.auto_fit)
         log_info("train: --memory_budget on {} is what --auto_fit plans for", device.str());
 
-    const DataParallel ranks = join_data_parallel(o, device);
+    const DataParallel ranks = join_data_parallel(o, device, std::move(joined));
     // The sampler draws global micro-batches (--train_batch_size per rank, x ranks), each rank
     // computing its share: N ranks see what one rank with N times the batch sees.
     TrainOptions global = options;

@@ -9,8 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace sf::distributed {
+class World;
+}  // namespace sf::distributed
 
 namespace sf::pipelines {
 
@@ -164,9 +169,18 @@ struct TrainReport {
     std::string summary() const;
 };
 
+// Under torchrun or Slurm (more than one rank): the ranks joined through c10d, with --ddp_backend
+// and --ddp_timeout, and the log of every rank but 0 quieted to warnings; null in one process.
+// run_train joins them itself when not given them; the train command joins them before when the
+// ranks must work together before training (prior preservation's class images).
+// kInvalidArgument for options that cannot run under a launch (--auto_fit).
+std::shared_ptr<distributed::World> join_ranks(const TrainOptions& options);
+
 // Throws sf::Error on bad options, a cache without samples, a checkpoint that does not match the
 // options (naming each differing setting), or out of memory (naming the phase and the flags that
-// would help). Checkpoints written before a failure stay valid.
-TrainReport run_train(const TrainOptions& options);
+// would help). Checkpoints written before a failure stay valid. `joined`: the ranks of a launch,
+// joined before (join_ranks); each rank then waits for the others before reading the caches.
+TrainReport run_train(const TrainOptions& options,
+                      std::shared_ptr<distributed::World> joined = nullptr);
 
 }  // namespace sf::pipelines
