@@ -286,8 +286,8 @@ ClassImageReport generate_class_images(const TrainOptions& o, const ClassImageOp
     }
     // Every image is on disk before any rank preps them.
     if (ranks != nullptr) ranks->barrier("writing the class images");
-    log_info("train: prior preservation: wrote {} class images to {}", report.written.size(),
-             c.class_data_dir);
+    log_info("train: prior preservation: wrote {} class images to {}{}", report.written.size(),
+             c.class_data_dir, ranks != nullptr ? " (this rank's; the others wrote theirs)" : "");
     return report;
 }
 
