@@ -74,10 +74,15 @@ void validate_optimization(const TrainOptions& o) {
     check_number("--max_grad_norm", o.max_grad_norm, 0, inf, ">= 0 (0 turns clipping off)");
 }
 
+// Also checked where a launch's ranks join before training (join_ranks).
+void check_ddp_timeout(const TrainOptions& o) {
+    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
+}
+
 void validate(const TrainOptions& o) {
     validate_optimization(o);
     memory_budget(o);  // a bad size is refused before any work
-    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
+    check_ddp_timeout(o);
     if (o.cache_dir.empty()) throw Error::InvalidArgument("--cache_dir is required");
     if (o.output_dir.empty()) throw Error::InvalidArgument("--output_dir is required");
     std::error_code ec;
@@ -629,7 +634,7 @@ DataParallel join_data_parallel(const TrainOptions& o, c10::Device device,
 std::shared_ptr<distributed::World> join_ranks(const TrainOptions& o) {
     const distributed::LaunchEnv env = distributed::launch_env();
     if (!env.distributed()) return nullptr;
-    check_number("--ddp_timeout", o.ddp_timeout, 1, 86400.0 * 7, "of seconds in [1, 604800]");
+    check_ddp_timeout(o);
     if (o.auto_fit) {
         throw Error::InvalidArgument(
             "--auto_fit under a data-parallel launch: a step that runs out of memory on one rank "
